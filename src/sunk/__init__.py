@@ -1,0 +1,3 @@
+"""sunk: Slurm on Kubernetes."""
+
+__version__ = "0.1.0"
