@@ -62,7 +62,16 @@ cp "$here/tools.go" "$work/kube/tools.go"
 (
   cd "$work/kube"
   go mod tidy
-  CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/" \
+  # Stamp the version as Kubernetes' own release build does: clients (kubectl,
+  # helm) read it from /version and refuse or warn on v0.0.0-master.
+  minor=${k8s_version#v1.}
+  minor=${minor%%.*}
+  version_flags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    version_flags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    version_flags+=" -X $pkg.gitTreeState=clean"
+  done
+  CGO_ENABLED=0 go build -trimpath -ldflags="-s -w$version_flags" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler

@@ -45,7 +45,13 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
-from sunk.testbed.kube import KubeAccess, KubeControlPlane, async_client, async_http_client
+from sunk.testbed.kube import (
+    KUBERNETES_VERSION,
+    KubeAccess,
+    KubeControlPlane,
+    async_client,
+    async_http_client,
+)
 
 pytestmark = pytest.mark.testbed
 
@@ -510,3 +516,12 @@ async def test_component_identities_have_no_rights_until_granted(
             await client.get(ConfigMap, "kube-root-ca.crt", namespace=namespace)
         assert err.value.status.code == 403
         assert "sunk-operator" in err.value.status.message
+
+
+async def test_the_apiserver_reports_its_release_version(kubeconfig: Path) -> None:
+    """Clients (kubectl, helm) read /version; the build stamps the real release."""
+    async with async_http_client(kubeconfig) as http:
+        version = (await http.get("/version")).json()
+    assert version["gitVersion"] == KUBERNETES_VERSION
+    assert version["major"] == "1"
+    assert version["minor"] == KUBERNETES_VERSION.split(".")[1]

@@ -68,8 +68,14 @@ DAEMONS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"
 _log = logging.getLogger(__name__)
 
 
+# Bumped whenever testbed/kube/build.sh changes what it produces, so every
+# machine rebuilds instead of reusing an older build of the same versions.
+BUILD_REVISION = 2
+
+
 def binaries_dir() -> Path:
-    return cache_dir() / "kube" / f"{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
+    name = f"{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}-r{BUILD_REVISION}"
+    return cache_dir() / "kube" / name
 
 
 def ensure_binaries(log: Callable[[str], None]) -> Path:
