@@ -1,0 +1,13 @@
+"""sunk's Kubernetes API: custom resource types and their CRDs."""
+
+GROUP = "sunk.dev"
+# Prefix of every label, annotation, finalizer and condition sunk owns.
+DOMAIN = GROUP
+
+# Labels sunk puts on the objects it creates.
+LABEL_NODESET = f"{DOMAIN}/nodeset"
+LABEL_NODE = f"{DOMAIN}/node"
+LABEL_TEMPLATE_HASH = f"{DOMAIN}/template-hash"
+# While a Slurm job runs on a node, this taint keeps other pods off it (the
+# syncer sets it); slurmd pods tolerate it.
+TAINT_NODE_LOCK = f"{DOMAIN}/slurm-job"

@@ -1,0 +1,241 @@
+"""The NodeSet custom resource: matching Kubernetes nodes become Slurm compute nodes.
+
+A NodeSet works like a DaemonSet: one slurmd pod on every Kubernetes node
+that its pod template's node selector, required node affinity and
+tolerations accept. Each pod registers as a dynamic Slurm node named after
+the pod. Updates and scale-in never kill a running job: a node is drained in
+Slurm and its pod replaced or removed only once no job runs on it.
+
+Node selection lives in the pod template (`nodeSelector`, `affinity`,
+`tolerations`), as it does for a DaemonSet, so there is one way to say it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sunk.api import GROUP
+
+KIND = "NodeSet"
+PLURAL = "nodesets"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Placeholders a node name pattern may use.
+NAME_PLACEHOLDERS = ("{nodeset}", "{node}", "{ip}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class _Camel(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", alias_generator=_camel)
+
+
+class RollingUpdate(_Camel):
+    max_unavailable: Annotated[
+        int | str,
+        Field(
+            description=(
+                "How many nodes may be drained for an update at once: a number, or a "
+                "percentage of the desired nodes (rounded down, at least 1)."
+            ),
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "type(self) == int ? self >= 1 : "
+                        "self.matches('^(100|[1-9][0-9]?)%$')",
+                        "message": "must be a positive integer or a percentage from 1% to 100%",
+                    }
+                ]
+            },
+        ),
+    ] = 1
+
+
+class UpdateStrategy(_Camel):
+    type: Annotated[
+        Literal["RollingUpdate", "OnDelete"],
+        Field(
+            description=(
+                "RollingUpdate drains and replaces outdated pods, at most maxUnavailable "
+                "at a time, each only once no job runs on its node; OnDelete replaces a "
+                "pod only when someone deletes it."
+            )
+        ),
+    ] = "RollingUpdate"
+    rolling_update: RollingUpdate = RollingUpdate()
+
+
+class NodeResources(_Camel):
+    """What slurmd registers; unset fields come from the Kubernetes node's allocatable."""
+
+    cpus: Annotated[int | None, Field(ge=1, description="CPUs= of the Slurm node.")] = None
+    real_memory_mib: Annotated[
+        int | None,
+        Field(ge=1, alias="realMemoryMiB", description="RealMemory= of the Slurm node, in MiB."),
+    ] = None
+    gres: Annotated[
+        list[Annotated[str, Field(pattern=r"^[a-zA-Z0-9_]+(:[a-zA-Z0-9_.-]+)*(:[0-9]+)?$")]] | None,
+        Field(
+            description=(
+                "Gres= of the Slurm node, e.g. gpu:h100:8; by default taken from "
+                "nvidia.com/gpu and the node's GPU product label."
+            )
+        ),
+    ] = None
+
+
+class SlurmNodeSpec(_Camel):
+    features: Annotated[
+        list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]],
+        Field(description="Static Slurm features of every node of this set."),
+    ] = []
+    features_from_labels: Annotated[
+        list[str],
+        Field(
+            description=(
+                "Kubernetes node label keys whose values become Slurm features "
+                "(label value, sanitised); a missing label adds nothing."
+            )
+        ),
+    ] = []
+    partitions: Annotated[
+        list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]],
+        Field(
+            description=(
+                "Slurm partitions the nodes join (rendered into slurm.conf as a "
+                "NodeSet line on this set's feature)."
+            )
+        ),
+    ] = []
+    resources: NodeResources = NodeResources()
+    node_name: Annotated[
+        str,
+        Field(
+            description=(
+                "Pattern of the Slurm node name, which is also the pod's name: "
+                "{nodeset}, {node} (the Kubernetes node) and {ip} (its internal "
+                "address, dots as dashes)."
+            ),
+            max_length=63,
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "self.contains('{node}') || self.contains('{ip}')",
+                        "message": "must contain {node} or {ip}, or two nodes would "
+                        "get the same name",
+                    },
+                    {
+                        "rule": "self.replace('{nodeset}', 'a').replace('{node}', 'a')"
+                        ".replace('{ip}', 'a').matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+                        "message": "must be lower-case letters, digits and '-' around "
+                        "the placeholders {nodeset}, {node} and {ip}",
+                    },
+                ]
+            },
+        ),
+    ] = "{nodeset}-{node}"
+    slurmd_container: Annotated[
+        str,
+        Field(
+            description=(
+                "The template's container that runs slurmd; it gets SLURMD_NODENAME "
+                "and SLURMD_CONF (the --conf line: features, resources) in its "
+                "environment."
+            )
+        ),
+    ] = "slurmd"
+
+
+_TEMPLATE_RULES = [
+    {
+        "rule": "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
+        "message": "the pod template needs at least one container",
+        "fieldPath": ".spec.containers",
+    },
+    {
+        "rule": "!has(self.spec) || !has(self.spec.nodeName)",
+        "message": "must not be set: the NodeSet places one pod on every matching node",
+        "fieldPath": ".spec.nodeName",
+    },
+    {
+        "rule": "!has(self.spec) || !has(self.spec.restartPolicy) "
+        "|| self.spec.restartPolicy == 'Always'",
+        "message": "must be Always: slurmd is a long-running daemon",
+        "fieldPath": ".spec.restartPolicy",
+    },
+]
+
+
+class NodeSetSpec(_Camel):
+    template: Annotated[
+        dict[str, Any],
+        Field(
+            description=(
+                "The pod run on every matching node; its nodeSelector, required "
+                "node affinity and tolerations choose the nodes."
+            ),
+            json_schema_extra={"x-kubernetes-validations": _TEMPLATE_RULES},
+        ),
+    ]
+    slurm: SlurmNodeSpec = SlurmNodeSpec()
+    update_strategy: UpdateStrategy = UpdateStrategy()
+
+
+class Condition(_Camel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class SlurmCounts(_Camel):
+    """Slurm's view of the set's nodes: base state, with drain counted apart."""
+
+    idle: int = 0
+    allocated: int = 0
+    mixed: int = 0
+    down: int = 0
+    drain: int = 0
+    not_responding: int = 0
+
+
+class NodeSetStatus(_Camel):
+    observed_generation: int | None = None
+    desired: int = 0
+    feasible: int = 0
+    scheduled: int = 0
+    ready: int = 0
+    updated: int = 0
+    drained: int = 0
+    misscheduled: int = 0
+    unavailable: int = 0
+    template_hash: str = ""
+    slurm: SlurmCounts = SlurmCounts()
+    conditions: Annotated[
+        list[Condition],
+        Field(
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            }
+        ),
+    ] = []
+
+
+def resource() -> Any:
+    """lightkube's generic resource class for NodeSets."""
+    from lightkube.generic_resource import create_namespaced_resource
+
+    return create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)

@@ -1,0 +1,1 @@
+"""The NodeSet controller: one slurmd pod per matching Kubernetes node."""
