@@ -1,0 +1,1 @@
+"""Controller machinery on top of lightkube: informers, a work queue, leader election."""

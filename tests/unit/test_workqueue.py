@@ -1,0 +1,89 @@
+"""The work queue keeps client-go's promises."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sunk.kube.workqueue import Result, ShutDown, WorkQueue, run_workers
+
+
+async def test_a_key_is_queued_once() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for _ in range(10):
+        queue.add("a")
+    queue.add("b")
+    assert len(queue) == 2
+    assert [await queue.get(), await queue.get()] == ["a", "b"]
+
+
+async def test_a_key_added_while_processing_comes_back_after_done() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a")
+    key = await queue.get()
+    queue.add("a")  # an event arrives while a worker reconciles "a"
+    assert len(queue) == 0  # never two workers on one key
+    queue.done(key)
+    assert await queue.get() == "a"
+
+
+async def test_failures_back_off_exponentially_until_forgotten() -> None:
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.01, max_delay=0.04)
+    loop = asyncio.get_running_loop()
+    delays = []
+    for _ in range(4):
+        start = loop.time()
+        queue.add_rate_limited("a")
+        key = await queue.get()
+        delays.append(loop.time() - start)
+        queue.done(key)
+    assert queue.failures("a") == 4
+    assert delays[0] >= 0.009
+    assert delays[1] >= 0.019
+    assert delays[3] < 0.1  # capped at max_delay
+    queue.forget("a")
+    assert queue.failures("a") == 0
+
+
+async def test_add_after_keeps_the_earliest_time() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add_after("a", 10)
+    queue.add_after("a", 0.01)
+    queue.add_after("a", 5)
+    key = await asyncio.wait_for(queue.get(), 1)
+    assert key == "a"
+
+
+async def test_shut_down_wakes_workers() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    waiter = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    queue.shut_down()
+    with pytest.raises(ShutDown):
+        await waiter
+
+
+async def test_workers_retry_failures_and_honour_requeue_after() -> None:
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.001)
+    seen: list[str] = []
+    attempts = {"bad": 0}
+
+    async def reconcile(key: str) -> Result | None:
+        seen.append(key)
+        if key == "bad":
+            attempts["bad"] += 1
+            if attempts["bad"] < 3:
+                raise RuntimeError("transient")
+        if key == "again" and seen.count("again") == 1:
+            return Result(requeue_after=0.01)
+        if seen.count("bad") == 3 and seen.count("again") == 2:
+            queue.shut_down()
+        return None
+
+    for key in ("bad", "good", "again"):
+        queue.add(key)
+    await asyncio.wait_for(run_workers(queue, reconcile, workers=2), 5)
+    assert seen.count("bad") == 3  # one bad key did not stop the others
+    assert seen.count("good") == 1
+    assert seen.count("again") == 2
