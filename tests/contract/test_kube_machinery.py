@@ -77,7 +77,7 @@ async def test_informer_filters_by_label(kube: AsyncClient, namespace: str) -> N
         yes.metadata.labels = {"pick": "me"}
         await kube.create(yes)
         await until(lambda: informer.get(f"{namespace}/yes") is not None)
-        assert informer.keys() == [f"{namespace}/yes"]
+        assert informer.list_keys() == [f"{namespace}/yes"]
 
 
 async def test_bookmarks_advance_an_idle_watch(kube: AsyncClient, namespace: str) -> None:
@@ -95,7 +95,7 @@ async def test_bookmarks_advance_an_idle_watch(kube: AsyncClient, namespace: str
             await until(lambda: int(informer.resource_version) > start, timeout=10)
         finally:
             await kube.delete(Namespace, other)
-        assert informer.keys() == [f"{namespace}/kube-root-ca.crt"]
+        assert informer.list_keys() == [f"{namespace}/kube-root-ca.crt"]
 
 
 async def test_informer_relists_after_410_and_reports_what_it_missed(

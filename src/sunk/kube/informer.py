@@ -99,7 +99,7 @@ class Informer(Generic[R]):
     def items(self) -> list[R]:
         return list(self._store.values())
 
-    def keys(self) -> list[str]:
+    def list_keys(self) -> list[str]:
         return list(self._store)
 
     def subscribe(self, handler: Handler[R]) -> None:

@@ -1,0 +1,35 @@
+"""What the NodeSet controller needs from Slurm, and nothing more.
+
+A narrow port: the controller and its unit tests depend on this Protocol;
+`sunk.nodeset.slurm_adapter` implements it over sunk's Slurm REST port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from sunk.nodeset.plan import SlurmNodeView
+
+
+class NodeSetSlurm(Protocol):
+    def nodes_with_feature(self, feature: str) -> Mapping[str, SlurmNodeView] | None:
+        """The cached Slurm nodes carrying `feature`, by name; None while the view is stale."""
+        ...
+
+    def on_change(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(node_name)` whenever a Slurm node changes."""
+        ...
+
+    async def drain(self, name: str, reason: str) -> None: ...
+
+    async def drained_and_idle(self, name: str) -> bool:
+        """A fresh read (not the cache): DRAIN set and no job running or completing."""
+        ...
+
+    async def resume_if_reason(self, name: str, reason: str) -> bool:
+        """Resume only if the node is still drained with exactly `reason` (fresh read);
+        someone else's drain, set since, is never undone."""
+        ...
+
+    async def delete_node(self, name: str) -> None: ...

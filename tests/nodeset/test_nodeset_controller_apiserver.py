@@ -1,0 +1,297 @@
+"""The NodeSet controller against the real apiserver, with Slurm replaced by an in-memory port.
+
+What this proves: pod creation, ownership and conflicts, status, conditions,
+finalizers and the rolling-update order, as the real apiserver sees them.
+What it does not: slurmd really registering, jobs really running. Those are
+tested with the local node runtime and the real Slurm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
+from sunk.api import nodeset as api
+from sunk.api.install import install_crds
+from sunk.nodeset.controller import FINALIZER, NodeSetController
+from sunk.nodeset.plan import REASON_UPDATE, SlurmNodeView
+
+pytestmark = pytest.mark.testbed
+NodeSet = api.resource()
+
+
+class MemorySlurm:
+    """Slurm as the NodeSet controller sees it, in memory (a port fake, not a Slurm)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, SlurmNodeView] = {}
+        self.features: dict[str, str] = {}
+        self.callbacks: list[Callable[[str], None]] = []
+        self.log: list[tuple[str, str]] = []
+        self.stale = False
+
+    def register(self, name: str, feature: str, busy: bool = False) -> None:
+        self.nodes[name] = SlurmNodeView(name, drained=False, busy=busy)
+        self.features[name] = feature
+        self._changed(name)
+
+    def set(self, name: str, **changes: Any) -> None:
+        old = self.nodes[name]
+        self.nodes[name] = SlurmNodeView(**{**old.__dict__, **changes})
+        self._changed(name)
+
+    def _changed(self, name: str) -> None:
+        for callback in self.callbacks:
+            callback(name)
+
+    def nodes_with_feature(self, feature: str) -> Mapping[str, SlurmNodeView] | None:
+        if self.stale:
+            return None
+        return {n: v for n, v in self.nodes.items() if self.features.get(n) == feature}
+
+    def on_change(self, callback: Callable[[str], None]) -> None:
+        self.callbacks.append(callback)
+
+    async def drain(self, name: str, reason: str) -> None:
+        self.log.append(("drain", name))
+        self.set(name, drained=True, reason=reason)
+
+    async def drained_and_idle(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        return node is None or (node.drained and not node.busy)
+
+    async def resume_if_reason(self, name: str, reason: str) -> bool:
+        node = self.nodes.get(name)
+        if node is None or not node.drained or node.reason != reason:
+            return False
+        self.log.append(("resume", name))
+        self.set(name, drained=False)
+        return True
+
+    async def delete_node(self, name: str) -> None:
+        self.log.append(("delete", name))
+        self.nodes.pop(name, None)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def crds(kube: AsyncClient) -> None:
+    await install_crds(kube)
+
+
+@pytest_asyncio.fixture
+async def pool(kube: AsyncClient) -> AsyncIterator[Callable[..., Any]]:
+    """Make Node objects (no kubelet) labelled for this test only."""
+    tag = secrets.token_hex(3)
+    made: list[str] = []
+
+    async def make(count: int, **labels: str) -> list[str]:
+        names = []
+        for _ in range(count):
+            name = f"n-{tag}-{len(made)}"
+            await kube.create(Node(metadata=ObjectMeta(name=name, labels={"pool": tag, **labels})))
+            made.append(name)
+            names.append(name)
+        return names
+
+    make.tag = tag  # type: ignore[attr-defined]
+    yield make
+    for name in made:
+        with contextlib.suppress(Exception):
+            await kube.delete(Node, name)
+
+
+@contextlib.asynccontextmanager
+async def controller(kube: AsyncClient, slurm: MemorySlurm, namespace: str) -> AsyncIterator[None]:
+    task = asyncio.create_task(NodeSetController(kube, slurm, namespace=namespace).run())
+    try:
+        yield
+        # Deleting a NodeSet drains its nodes out and then drops the
+        # finalizer: the controller must see it through.
+        async for obj in kube.list(NodeSet, namespace=namespace):
+            await kube.delete(NodeSet, obj["metadata"]["name"], namespace=namespace)
+        await eventually(lambda: _gone(kube, namespace), timeout=30)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def nodeset(name: str, selector: dict[str, str], image: str = "slurmd:1") -> Any:
+    return NodeSet(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "nodeSelector": selector,
+                        "containers": [{"name": "slurmd", "image": image}],
+                    }
+                }
+            },
+        }
+    )
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 20) -> Any:
+    async with asyncio.timeout(timeout):
+        while True:
+            result = await check()
+            if result:
+                return result
+            await asyncio.sleep(0.1)
+
+
+async def pods_of(kube: AsyncClient, namespace: str, nodeset: str) -> list[Pod]:
+    return [p async for p in kube.list(Pod, namespace=namespace, labels={LABEL_NODESET: nodeset})]
+
+
+async def mark_ready(kube: AsyncClient, namespace: str, pod: Pod) -> None:
+    assert pod.metadata is not None
+    await kube.patch(
+        Pod.Status,
+        pod.metadata.name or "",
+        {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+
+async def test_one_pod_per_matching_node_and_a_new_node_gets_one(
+    kube: AsyncClient, namespace: str, crds: None, pool: Any
+) -> None:
+    nodes = await pool(4)
+    slurm = MemorySlurm()
+    async with controller(kube, slurm, namespace):
+        await kube.create(nodeset("cpu", {"pool": pool.tag}), namespace=namespace)
+        pods = await eventually(lambda: _count(pods_of(kube, namespace, "cpu"), 4))
+        assert sorted(p.metadata.name for p in pods) == sorted(f"cpu-{n}" for n in nodes)
+        env = {e.name: e.value for e in pods[0].spec.containers[0].env}
+        assert env["SLURMD_NODENAME"] == pods[0].metadata.name
+        assert env["SLURMD_CONF"].startswith("Feature=cpu")
+        stored = await kube.get(NodeSet, "cpu", namespace=namespace)
+        assert FINALIZER in stored["metadata"]["finalizers"]
+        await eventually(lambda: _status(kube, namespace, "cpu", desired=4, scheduled=4))
+
+        (fifth,) = await pool(1)
+        await eventually(lambda: _count(pods_of(kube, namespace, "cpu"), 5))
+        assert f"cpu-{fifth}" in {p.metadata.name for p in await pods_of(kube, namespace, "cpu")}
+
+
+async def test_two_nodesets_on_one_node_yield_one_pod_and_a_condition(
+    kube: AsyncClient, namespace: str, crds: None, pool: Any
+) -> None:
+    (shared,) = await pool(1)
+    slurm = MemorySlurm()
+    async with controller(kube, slurm, namespace):
+        await kube.create(nodeset("first", {"pool": pool.tag}), namespace=namespace)
+        await eventually(lambda: _count(pods_of(kube, namespace, "first"), 1))
+        await kube.create(nodeset("second", {"pool": pool.tag}), namespace=namespace)
+
+        async def conflict() -> bool:
+            obj = await kube.get(NodeSet, "second", namespace=namespace)
+            conditions = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+            c = conditions.get("NodeConflict")
+            return bool(
+                c and c["status"] == "True" and shared in c["message"] and "first" in c["message"]
+            )
+
+        await eventually(conflict)
+        assert await pods_of(kube, namespace, "second") == []
+        assert len(await pods_of(kube, namespace, "first")) == 1
+
+
+async def test_a_pod_that_cannot_be_built_is_reported_by_field(
+    kube: AsyncClient, namespace: str, crds: None, pool: Any
+) -> None:
+    await pool(1)
+    body = nodeset("odd", {"pool": pool.tag})
+    body["spec"]["slurm"] = {"slurmdContainer": "daemon"}
+    async with controller(kube, MemorySlurm(), namespace):
+        await kube.create(body, namespace=namespace)
+
+        async def reported() -> bool:
+            obj = await kube.get(NodeSet, "odd", namespace=namespace)
+            conditions = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+            c = conditions.get("SpecValid")
+            return bool(
+                c and c["status"] == "False" and "spec.slurm.slurmdContainer" in c["message"]
+            )
+
+        await eventually(reported)
+        assert await pods_of(kube, namespace, "odd") == []
+
+
+async def test_a_rolling_update_waits_for_jobs_and_resumes_its_own_drains(
+    kube: AsyncClient, namespace: str, crds: None, pool: Any
+) -> None:
+    nodes = await pool(3)
+    slurm = MemorySlurm()
+    async with controller(kube, slurm, namespace):
+        await kube.create(nodeset("gpu", {"pool": pool.tag}), namespace=namespace)
+        pods = await eventually(lambda: _count(pods_of(kube, namespace, "gpu"), 3))
+        for pod in pods:
+            await mark_ready(kube, namespace, pod)
+            slurm.register(pod.metadata.name, "gpu", busy=pod.metadata.name == f"gpu-{nodes[0]}")
+        old = pods[0].metadata.labels[LABEL_TEMPLATE_HASH]
+
+        patch = {
+            "spec": {
+                "template": {"spec": {"containers": [{"name": "slurmd", "image": "slurmd:2"}]}}
+            }
+        }
+        await kube.patch(NodeSet, "gpu", patch, namespace=namespace, patch_type=PatchType.MERGE)
+
+        # Each pod is replaced in turn: drained, deleted once idle, recreated,
+        # and (our stand-in for slurmd) registers and becomes ready again.
+        busy = f"gpu-{nodes[0]}"
+        seen_new: set[str] = set()
+
+        async def roll() -> bool:
+            for pod in await pods_of(kube, namespace, "gpu"):
+                name = pod.metadata.name
+                if pod.metadata.labels[LABEL_TEMPLATE_HASH] != old and name not in seen_new:
+                    seen_new.add(name)
+                    await mark_ready(kube, namespace, pod)
+            drains = [n for kind, n in slurm.log if kind == "drain"]
+            resumes = [n for kind, n in slurm.log if kind == "resume"]
+            # Never more than one node out at a time (maxUnavailable 1).
+            assert len(drains) - len(resumes) <= 1
+            if busy in drains and slurm.nodes[busy].busy and busy in seen_new:
+                pytest.fail("the busy node's pod was replaced while its job ran")
+            if busy in drains and slurm.nodes[busy].drained and slurm.nodes[busy].busy:
+                slurm.set(busy, busy=False)  # the job ends
+            return len(seen_new) == 3 and all(not v.drained for v in slurm.nodes.values())
+
+        await eventually(roll, timeout=40)
+        assert [n for kind, n in slurm.log if kind == "drain"] == [
+            n for kind, n in slurm.log if kind == "resume"
+        ]
+        assert all(v.reason in ("", REASON_UPDATE) for v in slurm.nodes.values())
+
+
+async def _count(pods: Any, n: int) -> list[Pod] | None:
+    found = await pods
+    return found if len(found) == n else None
+
+
+async def _status(kube: AsyncClient, namespace: str, name: str, **expected: int) -> bool:
+    obj = await kube.get(NodeSet, name, namespace=namespace)
+    status = obj.get("status") or {}
+    return all(status.get(k) == v for k, v in expected.items())
+
+
+async def _gone(kube: AsyncClient, namespace: str) -> bool:
+    left = [o async for o in kube.list(NodeSet, namespace=namespace)]
+    pods = [p async for p in kube.list(Pod, namespace=namespace)]
+    return not left and not pods
