@@ -131,6 +131,9 @@ class NodeSetController:
             self.queue.add(f"{meta.namespace}/{owner}")
 
     def _on_slurm_node(self, name: str) -> None:
+        if name == "*":  # Slurm's view went stale or fresh: every set may act now
+            self._enqueue_all()
+            return
         pod = next((p for p in self._pods.items() if p.metadata and p.metadata.name == name), None)
         if pod is not None:
             self._on_pod(Event("MODIFIED", key_of(pod), pod, pod))

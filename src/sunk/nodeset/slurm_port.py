@@ -18,7 +18,8 @@ class NodeSetSlurm(Protocol):
         ...
 
     def on_change(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(node_name)` whenever a Slurm node changes."""
+        """Call `callback(node_name)` whenever a Slurm node changes, and `callback("*")`
+        when the view as a whole changes (stale or fresh again)."""
         ...
 
     async def drain(self, name: str, reason: str) -> None: ...

@@ -1,0 +1,86 @@
+"""NodeSetSlurm over sunk's Slurm port: the cached view for planning, fresh reads for acting."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from sunk.nodeset.plan import SlurmNodeView
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.models import Node
+from sunk.slurm.view import NodeEvent, SlurmView, StateEvent
+
+log = logging.getLogger(__name__)
+
+# Passed to on_change callbacks when every node may have changed (the view
+# went stale or fresh again).
+ALL_NODES = "*"
+
+
+def node_view(node: Node) -> SlurmNodeView:
+    return SlurmNodeView(
+        name=node.name,
+        drained=node.draining,
+        busy=not node.idle_or_down,
+        reason=node.reason,
+        responding=node.responding,
+        base_state=node.base_state,
+    )
+
+
+class SlurmPortForNodeSets:
+    def __init__(self, client: SlurmClient, view: SlurmView) -> None:
+        self._client = client
+        self._view = view
+        self._callbacks: list[Callable[[str], None]] = []
+
+    def nodes_with_feature(self, feature: str) -> Mapping[str, SlurmNodeView] | None:
+        if not self._view.fresh:
+            return None
+        return {
+            name: node_view(node)
+            for name, node in self._view.nodes().items()
+            if feature in node.features
+        }
+
+    def on_change(self, callback: Callable[[str], None]) -> None:
+        self._callbacks.append(callback)
+
+    async def run(self) -> None:
+        """Forward the view's events to the callbacks, until cancelled."""
+        subscription = self._view.subscribe(replay=False)
+        try:
+            async for event in subscription:
+                if isinstance(event, NodeEvent):
+                    self._notify(event.name)
+                elif isinstance(event, StateEvent):
+                    self._notify(ALL_NODES)
+        finally:
+            subscription.close()
+
+    def _notify(self, name: str) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(name)
+            except Exception:
+                log.exception("NodeSet callback failed for Slurm node %s", name)
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self._client.drain(name, reason)
+        self._view.poll_now()
+
+    async def drained_and_idle(self, name: str) -> bool:
+        node = await self._view.refresh_node(name)
+        return node is None or node.drained
+
+    async def resume_if_reason(self, name: str, reason: str) -> bool:
+        node = await self._view.refresh_node(name)
+        if node is None or not node.draining or node.reason != reason:
+            return False
+        await self._client.resume(name)
+        self._view.poll_now()
+        return True
+
+    async def delete_node(self, name: str) -> None:
+        await self._client.delete_node(name)
+        self._view.poll_now()

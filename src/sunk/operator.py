@@ -1,0 +1,72 @@
+"""`sunk operator`: the NodeSet controller, leader-elected, talking to one Slurm cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightkube import AsyncClient, KubeConfig
+
+from sunk.api.install import install_crds
+from sunk.kube.leader import LeaderElector
+from sunk.nodeset.controller import NodeSetController
+from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
+from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.view import SlurmView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    slurmrestd_url: str
+    jwt_key_file: Path
+    # Drains and node deletions need SlurmUser or root (testbed-notes).
+    slurm_user: str = "slurm"
+    kubeconfig: Path | None = None  # None: in-cluster service account
+    namespace: str | None = None  # None: every namespace
+    lease_namespace: str = "default"
+    lease_name: str = "sunk-operator"
+    identity: str = ""
+    install_crds: bool = True
+    workers: int = 4
+
+
+def kube_client(kubeconfig: Path | None) -> AsyncClient:
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    return AsyncClient(config, field_manager="sunk-operator")
+
+
+async def run_operator(config: OperatorConfig) -> None:
+    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+    kube = kube_client(config.kubeconfig)
+    credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
+    async with SlurmClient(config.slurmrestd_url, credentials) as slurm:
+        view = SlurmView(slurm, watch_jobs=False)
+        async with view:
+            port = SlurmPortForNodeSets(slurm, view)
+            if config.install_crds:
+                async with asyncio.timeout(60):
+                    await install_crds(kube)
+
+            async def lead() -> None:
+                controller = NodeSetController(
+                    kube, port, namespace=config.namespace, workers=config.workers
+                )
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(port.run())
+                    group.create_task(controller.run())
+
+            elector = LeaderElector(
+                kube,
+                namespace=config.lease_namespace,
+                name=config.lease_name,
+                identity=identity,
+            )
+            log.info("sunk operator %s waiting to lead", identity)
+            await elector.run(lead)
