@@ -1,0 +1,1 @@
+"""The syncer: Kubernetes and Slurm agree about every node, both ways."""

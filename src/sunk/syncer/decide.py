@@ -1,0 +1,175 @@
+"""What the syncer should change for one node, decided from both sides' current state.
+
+Pure: the Kubernetes node, its slurmd pod and the Slurm node go in; the
+actions on both sides come out. Level-triggered, so a restart at any moment
+decides again from what it finds.
+
+Kubernetes → Slurm. A *cause* (cordon, node NotReady, a configured node
+condition, the slurmd pod NotReady or terminating) drains the Slurm node
+with a reason that starts with `sunk/syncer:` and says why. When no cause is
+left, sunk resumes the node only if the current reason is the syncer's own.
+A drain someone removed in Slurm while its cause persists is put back. A
+drain made by a person, or by the NodeSet controller, is never overwritten
+or resumed.
+
+Slurm → Kubernetes. The Slurm state shows on the node (and pod) as an
+annotation with the reason, conditions (SlurmDrain, SlurmDown,
+SlurmNotResponding, SlurmAllocated), a label tools can select on, and the
+node-lock taint while a job runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sunk.api import DOMAIN, TAINT_NODE_LOCK
+
+REASON_PREFIX = "sunk/syncer:"
+CORDON_REASON_ANNOTATION = f"{DOMAIN}/cordon-reason"
+ANNOTATION_SLURM_STATE = f"{DOMAIN}/slurm-state"
+ANNOTATION_SLURM_REASON = f"{DOMAIN}/slurm-reason"
+LABEL_SLURM_DRAIN = f"{DOMAIN}/slurm-drain"  # "true" | "false", for PDBs and tools
+
+
+@dataclass(frozen=True)
+class KubeNodeState:
+    name: str
+    cordoned: bool
+    ready: bool
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # Node conditions of the configured list that are True: type → message.
+    bad_conditions: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[tuple[str, str]] = ()  # (key, effect)
+
+
+@dataclass(frozen=True)
+class SlurmdPodState:
+    name: str
+    ready: bool
+    terminating: bool
+
+
+@dataclass(frozen=True)
+class SlurmState:
+    name: str
+    base_state: str  # IDLE, ALLOCATED, MIXED, DOWN, …
+    drained: bool  # the DRAIN flag
+    reason: str
+    responding: bool
+    busy: bool  # a job runs or completes on it
+
+
+@dataclass(frozen=True)
+class Drain:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    reason: str  # resume only if this is still the reason
+
+
+@dataclass(frozen=True)
+class SetTaint:
+    present: bool
+    effect: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    slurm: list[Drain | Resume] = field(default_factory=list)
+    taint: SetTaint | None = None
+    annotations: dict[str, str | None] = field(default_factory=dict)  # None: remove
+    labels: dict[str, str | None] = field(default_factory=dict)
+    conditions: list[Condition] = field(default_factory=list)
+
+
+def cause(node: KubeNodeState, pod: SlurmdPodState | None) -> str | None:
+    """Why Kubernetes wants the Slurm node drained, as the drain reason; None if it does not."""
+    if node.cordoned:
+        why = node.annotations.get(CORDON_REASON_ANNOTATION, "").strip()
+        return f"{REASON_PREFIX} node cordoned" + (f": {why}" if why else "")
+    if not node.ready:
+        return f"{REASON_PREFIX} node NotReady"
+    for kind, message in sorted(node.bad_conditions.items()):
+        return f"{REASON_PREFIX} node condition {kind}" + (f": {message}" if message else "")
+    if pod is not None and pod.terminating:
+        return f"{REASON_PREFIX} slurmd pod {pod.name} terminating"
+    if pod is not None and not pod.ready:
+        return f"{REASON_PREFIX} slurmd pod {pod.name} not ready"
+    return None
+
+
+def decide(
+    node: KubeNodeState,
+    pod: SlurmdPodState | None,
+    slurm: SlurmState | None,
+    *,
+    lock_effect: str = "NoExecute",
+) -> Decision:
+    decision = Decision()
+    if slurm is None:
+        # Not (yet) a Slurm node: nothing to mirror, and any old mirror goes.
+        decision.annotations = {ANNOTATION_SLURM_STATE: None, ANNOTATION_SLURM_REASON: None}
+        decision.labels = {LABEL_SLURM_DRAIN: None}
+        if _has_lock(node):
+            decision.taint = SetTaint(False, lock_effect)
+        return decision
+
+    # Kubernetes → Slurm.
+    wanted = cause(node, pod)
+    ours = slurm.drained and slurm.reason.startswith(REASON_PREFIX)
+    if wanted is not None:
+        if not slurm.drained or (ours and slurm.reason != wanted):
+            decision.slurm.append(Drain(wanted))
+    elif ours:
+        decision.slurm.append(Resume(slurm.reason))
+
+    # Slurm → Kubernetes.
+    state = slurm.base_state + ("+DRAIN" if slurm.drained else "")
+    state += "" if slurm.responding else "+NOT_RESPONDING"
+    decision.annotations = {
+        ANNOTATION_SLURM_STATE: state,
+        ANNOTATION_SLURM_REASON: slurm.reason
+        if slurm.drained or slurm.base_state == "DOWN"
+        else None,
+    }
+    decision.labels = {LABEL_SLURM_DRAIN: "true" if slurm.drained else "false"}
+    origin = "SunkDrain" if slurm.reason.startswith("sunk/") else "SlurmDrain"
+    decision.conditions = [
+        Condition(
+            "SlurmDrain",
+            _bool(slurm.drained),
+            origin if slurm.drained else "NotDrained",
+            slurm.reason if slurm.drained else "",
+        ),
+        Condition("SlurmDown", _bool(slurm.base_state == "DOWN"), slurm.base_state, slurm.reason),
+        Condition(
+            "SlurmNotResponding",
+            _bool(not slurm.responding),
+            "NotResponding" if not slurm.responding else "Responding",
+            "",
+        ),
+        Condition("SlurmAllocated", _bool(slurm.busy), slurm.base_state, ""),
+    ]
+    if slurm.busy != _has_lock(node):
+        decision.taint = SetTaint(slurm.busy, lock_effect)
+    return decision
+
+
+def _bool(value: bool) -> str:
+    return "True" if value else "False"
+
+
+def _has_lock(node: KubeNodeState) -> bool:
+    return any(key == TAINT_NODE_LOCK for key, _ in node.taints)
