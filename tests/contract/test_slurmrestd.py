@@ -351,7 +351,9 @@ def test_rest_job_runs_to_completion(
         if got.status_code == 404:  # purged already (MinJobAge): done, but unseen
             return {"job_state": ["COMPLETED"], "exit_code": None}
         [job] = got.json()["jobs"]
-        return job if job["job_state"][0] not in {"PENDING", "RUNNING"} else None
+        # COMPLETED+COMPLETING: the epilog still runs; finished means neither.
+        states = set(job["job_state"])
+        return job if not states & {"PENDING", "RUNNING", "COMPLETING"} else None
 
     job = wait_for(f"job {job_id} to finish", finished, timeout=30)
     assert job["job_state"] == ["COMPLETED"]

@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,23 +69,50 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def ensure_rootfs(suite: str = "trixie", log: Callable[[str], None] = _stderr) -> Path:
-    """The cached root filesystem with Slurm, built by testbed/slurm/rootfs.sh if missing."""
+def ensure_rootfs(
+    suite: str = "trixie",
+    log: Callable[[str], None] = _stderr,
+    *,
+    ignore_release_expiry: bool = False,
+) -> Path:
+    """The cached root filesystem with Slurm, built by testbed/slurm/rootfs.sh if missing.
+
+    `ignore_release_expiry`: testing/unstable Release files carry a
+    Valid-Until a week ahead; a mirror snapshot older than that makes apt
+    refuse them ("Release file ... is expired"). This tells apt inside the
+    chroot to accept them, through APT_CONFIG pointing at a memfd of this
+    process (visible in the chroot's fresh /proc), so nothing is written to
+    the host or the scripts.
+    """
     out = cache_dir() / "rootfs" / suite
     if (out / ".complete").exists():
         return out
     log(f"building the Slurm root filesystem {out} (debootstrap {suite}, ~1 min)")
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPTS / "slurm" / "rootfs.sh"), str(out), suite],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        log(line.rstrip("\n"))
-    if proc.wait() != 0 or not (out / ".complete").exists():
-        raise RuntimeError(f"rootfs.sh {out} {suite} failed (exit {proc.returncode})")
+    env = dict(os.environ)
+    keep: tuple[int, ...] = ()
+    if ignore_release_expiry:
+        fd = os.memfd_create("sunk-apt.conf", 0)
+        os.write(fd, b'Acquire::Check-Valid-Until "false";\n')
+        env["APT_CONFIG"] = f"/proc/{os.getpid()}/fd/{fd}"
+        keep = (fd,)
+    try:
+        proc = subprocess.Popen(
+            ["bash", str(SCRIPTS / "slurm" / "rootfs.sh"), str(out), suite],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            pass_fds=keep,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log(line.rstrip("\n"))
+        returncode = proc.wait()
+    finally:
+        for fd in keep:
+            os.close(fd)
+    if returncode != 0 or not (out / ".complete").exists():
+        raise RuntimeError(f"rootfs.sh {out} {suite} failed (exit {returncode})")
     return out
 
 
@@ -122,6 +149,25 @@ class SlurmAccess:
         return cls(**raw)
 
 
+@dataclass(frozen=True)
+class ConfLayout:
+    """What a slurm.conf written for the bed must agree with (see `conf_writer`).
+
+    The bed's daemons run with these names, ports and paths; a conf_writer
+    renders a slurm.conf around them (static nodes get `node_ports`, one each).
+    """
+
+    cluster_name: str
+    controller_host: str
+    controller_address: str
+    slurmctld_port: int
+    node_ports: dict[str, int]
+    jwt_key: str  # as the daemons see it
+
+
+ConfWriter = Callable[[ConfLayout], str]
+
+
 class SlurmCommandError(subprocess.CalledProcessError):
     """A Slurm CLI failed; unlike the base class, the message shows its output."""
 
@@ -142,6 +188,8 @@ class SlurmCluster:
         *,
         controller_address: str = "127.0.0.1",
         max_node_count: int = 1024,
+        conf_writer: ConfWriter | None = None,
+        etc_files: Mapping[str, str] | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.supervisor = supervisor
@@ -150,6 +198,10 @@ class SlurmCluster:
         self.extra_conf = list(extra_conf)
         self.controller_address = controller_address
         self.max_node_count = max_node_count
+        # A different slurm.conf (e.g. one sunk rendered) in place of the bed's
+        # own, and more files for /etc/slurm (topology.conf, gres.conf, ...).
+        self.conf_writer = conf_writer
+        self.etc_files = dict(etc_files or {})
         self.dir = state_dir / "slurm"
         self.etc = self.dir / "etc"
         self.munge_etc = self.dir / "munge"
@@ -299,8 +351,29 @@ class SlurmCluster:
             sup.spawn(f"slurmd-{name}", self.sandbox().argv(["slurmd", "-D", "-N", name]))
         self._wait_nodes_idle(30)
 
+        url = f"http://127.0.0.1:{ports['restd']}"
+        release = self._spawn_restd(ports["restd"])
+
+        access = SlurmAccess(
+            restd_url=url,
+            rootfs=self.rootfs,
+            conf_dir=self.etc,
+            jwt_key=self.etc / "jwt_hs256.key",
+            nodes=list(self.node_names),
+            cluster_name=CLUSTER_NAME,
+            slurm_version=release,
+            slurmctld_port=ports["ctld"],
+            controller_address=self.controller_address,
+            munge_socket_dir=self.munge_run,
+            munge_key=self.munge_etc / "munge.key",
+        )
+        self._access_file.write_text(access.to_json())
+        return access
+
+    def _spawn_restd(self, port: int) -> str:
+        """Start slurmrestd on `port`, wait until it answers; the Slurm release."""
         rest_env = {"SLURM_JWT": "daemon"}  # accept tokens; never give this to CLIs
-        sup.spawn(
+        self.supervisor.spawn(
             "slurmrestd",
             self.sandbox(user=ids(self.rootfs, _DAEMON_USER_REST), env=rest_env).argv(
                 [
@@ -309,11 +382,11 @@ class SlurmCluster:
                     "rest_auth/jwt",
                     "-s",
                     "openapi/slurmctld",  # without slurmdbd the other plugins make it exit
-                    f"127.0.0.1:{ports['restd']}",
+                    f"127.0.0.1:{port}",
                 ]
             ),
         )
-        url = f"http://127.0.0.1:{ports['restd']}"
+        url = f"http://127.0.0.1:{port}"
         token = self.token("root", 300)
         release: list[str] = []
 
@@ -328,23 +401,20 @@ class SlurmCluster:
             release.append(reply.json()["meta"]["slurm"]["release"])
             return True
 
-        sup.wait_ready("slurmrestd", restd_ready, 20, f"(GET /slurm/{REST_API}/ping/)")
+        self.supervisor.wait_ready("slurmrestd", restd_ready, 20, f"(GET /slurm/{REST_API}/ping/)")
+        return release[-1]
 
-        access = SlurmAccess(
-            restd_url=url,
-            rootfs=self.rootfs,
-            conf_dir=self.etc,
-            jwt_key=self.etc / "jwt_hs256.key",
-            nodes=list(self.node_names),
-            cluster_name=CLUSTER_NAME,
-            slurm_version=release[-1],
-            slurmctld_port=ports["ctld"],
-            controller_address=self.controller_address,
-            munge_socket_dir=self.munge_run,
-            munge_key=self.munge_etc / "munge.key",
-        )
-        self._access_file.write_text(access.to_json())
-        return access
+    def stop_restd(self) -> None:
+        """Stop slurmrestd alone (e.g. to test clients riding out its restart)."""
+        self.supervisor.stop("slurmrestd")
+
+    def start_restd(self) -> None:
+        """Start slurmrestd again on its recorded port; a no-op if it runs."""
+        if self.supervisor.running("slurmrestd") is not None:
+            return
+        recorded = SlurmAccess.from_json(self._access_file.read_text())
+        port = int(recorded.restd_url.rsplit(":", 1)[1])
+        self._spawn_restd(port)
 
     def stop(self) -> None:
         """Stop what start() started, then kill whatever still runs in its sandboxes.
@@ -424,8 +494,23 @@ class SlurmCluster:
         self._write_etc_files()
         ports = {"ctld": free_port(), "restd": free_port()}
         node_ports = {name: free_port() for name in self.node_names}
-        (self.etc / "slurm.conf").write_text(self._slurm_conf(ports["ctld"], node_ports))
+        if self.conf_writer is not None:
+            layout = ConfLayout(
+                cluster_name=CLUSTER_NAME,
+                controller_host=CONTROLLER_HOST,
+                controller_address=self.controller_address,
+                slurmctld_port=ports["ctld"],
+                node_ports=node_ports,
+                jwt_key="/etc/slurm/jwt_hs256.key",
+            )
+            conf = self.conf_writer(layout)
+        else:
+            conf = self._slurm_conf(ports["ctld"], node_ports)
+        (self.etc / "slurm.conf").write_text(conf)
         (self.etc / "slurm.conf").chmod(0o644)
+        for name, text in self.etc_files.items():
+            (self.etc / name).write_text(text)
+            (self.etc / name).chmod(0o644)
         # slurmd initialises the cgroup plugin even with proctrack/linuxproc and
         # task/none; the sandboxes have no cgroup filesystem, so turn it off.
         (self.etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")

@@ -1,0 +1,504 @@
+"""A cached, evented view of Slurm's nodes and jobs for controllers.
+
+One poll loop per view keeps every node and job in memory:
+
+- Incremental reads: each poll sends the previous reply's `last_update` as
+  `update_time`; an unchanged cluster answers 304 (nodes) or an empty
+  "no change" reply (jobs), a few hundred bytes. Slurm's incremental read is
+  all-or-nothing, so any change brings the full list, which is diffed
+  against the cache into added/changed/removed events.
+- Defects survived: 24.11 answers 500 "Unable to query partitions" to an
+  incremental node read after a drain, and v0.0.40/41 reject `update_time`
+  outright. Any such failure falls back to a full read at once; when they
+  keep failing for seconds, incremental reads pause for a while.
+- Stale: when slurmrestd or slurmctld cannot be reached, or no poll has
+  succeeded for `stale_after` seconds, the view is STALE and reading it
+  raises `SlurmStaleError` (controllers must not act on old data). The loop
+  keeps trying with back-off; the first success re-reads everything, emits
+  the differences and a FRESH state event. No new client is needed.
+- `refresh()` / `refresh_node()` force a read now, before a dangerous action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+from sunk.slurm.client import Listing, SlurmClient
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmError, SlurmStaleError
+from sunk.slurm.models import Job, Node
+
+log = logging.getLogger("sunk.slurm.view")
+
+K = TypeVar("K", str, int)
+V = TypeVar("V", Node, Job)
+
+# When incremental reads have kept failing for this long, stop trying them for
+# `_INCREMENTAL_PAUSE` seconds: a server whose update_time is broken then
+# costs one full read per poll instead of a failure plus a full read. The 24.11
+# defect alone fails them for about a second after each change (until
+# `update_time` passes it), which must not trigger the pause.
+_FAILING_BEFORE_PAUSE = 5.0
+_INCREMENTAL_PAUSE = 30.0
+
+
+class ViewState(enum.Enum):
+    STARTING = "starting"  # no successful read yet
+    FRESH = "fresh"
+    STALE = "stale"
+    CLOSED = "closed"
+
+
+class Change(enum.Enum):
+    ADDED = "added"
+    CHANGED = "changed"
+    REMOVED = "removed"
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    change: Change
+    name: str
+    old: Node | None
+    new: Node | None
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    change: Change
+    job_id: int
+    old: Job | None
+    new: Job | None
+
+
+@dataclass(frozen=True)
+class StateEvent:
+    """The view became STALE (with the reason) or FRESH again."""
+
+    state: ViewState
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resync:
+    """The subscriber fell too far behind and events were dropped: re-read the view."""
+
+
+Event = NodeEvent | JobEvent | StateEvent | Resync
+
+
+def diff(old: Mapping[K, V], new: Mapping[K, V]) -> list[tuple[Change, K, V | None, V | None]]:
+    """Added, changed and removed entries between two snapshots, in `new`'s order."""
+    changes: list[tuple[Change, K, V | None, V | None]] = []
+    for key, value in new.items():
+        before = old.get(key)
+        if before is None:
+            changes.append((Change.ADDED, key, None, value))
+        elif before != value:
+            changes.append((Change.CHANGED, key, before, value))
+    changes.extend(
+        (Change.REMOVED, key, value, None) for key, value in old.items() if key not in new
+    )
+    return changes
+
+
+class Subscription:
+    """One subscriber's events; iterate with `async for event in subscription`.
+
+    Bounded: a subscriber that stops reading loses events, and then receives
+    one `Resync` telling it to re-read the view, instead of the view holding
+    an unbounded backlog for it.
+    """
+
+    def __init__(self, view: SlurmView, maxsize: int) -> None:
+        self._view = view
+        # None marks the end: a subscriber blocked in get() wakes up when closed.
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
+        self._closed = False
+        self._resync_pending = False
+        self.dropped = 0
+
+    def _put(self, event: Event) -> None:
+        if self._closed:
+            return
+        if self._resync_pending:  # it will re-read everything: later events add nothing
+            self.dropped += 1
+            return
+        try:
+            self._queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped += self._queue.qsize() + 1
+            self._drain()
+            self._queue.put_nowait(Resync())
+            self._resync_pending = True
+
+    def _drain(self) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+    def _taken(self, event: Event | None) -> Event:
+        if event is None:
+            self._queue.put_nowait(None)  # keep the end visible to the next get()
+            raise StopAsyncIteration
+        if isinstance(event, Resync):
+            self._resync_pending = False
+        return event
+
+    async def get(self) -> Event:
+        """The next event; raises StopAsyncIteration once the subscription is closed."""
+        return self._taken(await self._queue.get())
+
+    def get_nowait(self) -> Event | None:
+        """The next event if one is queued, else None (also once closed)."""
+        try:
+            return self._taken(self._queue.get_nowait())
+        except (asyncio.QueueEmpty, StopAsyncIteration):
+            return None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self.get()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._drain()
+        self._queue.put_nowait(None)
+        self._view._unsubscribe(self)
+
+
+@dataclass
+class ViewStats:
+    polls: int = 0
+    unchanged: int = 0  # incremental reads that said "nothing changed"
+    changed: int = 0  # incremental reads that brought a (full) new list
+    full_reads: int = 0
+    fallbacks: int = 0  # incremental reads that failed and fell back to a full read
+    failures: int = 0  # polls that failed entirely
+    events: int = 0
+
+
+@dataclass
+class _Table(Generic[K, V]):
+    """One cached resource: its items and the `since` for the next incremental read."""
+
+    items: dict[K, V] = field(default_factory=dict)
+    since: int | None = None
+    failing_since: float | None = None  # when the current run of fallbacks began
+    incremental_paused_until: float = 0.0
+
+
+class SlurmView:
+    """Nodes and jobs of one Slurm cluster, kept current by polling `client`."""
+
+    def __init__(
+        self,
+        client: SlurmClient,
+        *,
+        interval: float = 1.0,
+        watch_jobs: bool = True,
+        stale_after: float | None = None,
+        poll_timeout: float = 10.0,
+        max_backoff: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.interval = interval
+        self.watch_jobs = watch_jobs
+        # Several missed polls, and at least a slow full read, before "stale".
+        self.stale_after = stale_after if stale_after is not None else max(5.0, 3 * interval)
+        self.poll_timeout = poll_timeout
+        self.max_backoff = max_backoff
+        self._clock = clock
+        self._nodes: _Table[str, Node] = _Table()
+        self._jobs: _Table[int, Job] = _Table()
+        self._state = ViewState.STARTING
+        self._stale_reason = "not read yet"
+        self._last_success: float | None = None
+        self._subscribers: list[Subscription] = []
+        self._sync_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self._need_full = True
+        self.stats = ViewStats()
+
+    def __repr__(self) -> str:
+        return f"SlurmView({self.client!r}, state={self._state.value})"
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start polling; returns after the first attempt, fresh or stale."""
+        if self._task is not None:
+            return
+        first = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._run(first), name="slurm-view")
+        await first
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._set_state(ViewState.CLOSED, "stopped")
+        for subscriber in list(self._subscribers):
+            subscriber.close()
+
+    async def __aenter__(self) -> SlurmView:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> ViewState:
+        """FRESH only while the last successful poll is recent enough."""
+        if self._state is ViewState.FRESH and self.age > self.stale_after:
+            return ViewState.STALE
+        return self._state
+
+    @property
+    def fresh(self) -> bool:
+        return self.state is ViewState.FRESH
+
+    @property
+    def age(self) -> float:
+        """Seconds since the last successful poll (inf before the first)."""
+        if self._last_success is None:
+            return float("inf")
+        return self._clock() - self._last_success
+
+    def _require_fresh(self, allow_stale: bool) -> None:
+        if allow_stale or self.fresh:
+            return
+        reason = self._stale_reason if self._state is not ViewState.FRESH else "no recent poll"
+        raise SlurmStaleError(
+            f"Slurm view is {self.state.value} (last success {self.age:.1f}s ago: {reason})"
+        )
+
+    async def wait_fresh(self) -> None:
+        """Wait until the view is fresh (bound it with `asyncio.timeout`)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.fresh)
+
+    # -- reading --------------------------------------------------------------------
+
+    def nodes(self, *, allow_stale: bool = False) -> Mapping[str, Node]:
+        """All nodes by name (read-only). Raises SlurmStaleError unless fresh."""
+        self._require_fresh(allow_stale)
+        return MappingProxyType(self._nodes.items)
+
+    def node(self, name: str, *, allow_stale: bool = False) -> Node | None:
+        self._require_fresh(allow_stale)
+        return self._nodes.items.get(name)
+
+    def jobs(self, *, allow_stale: bool = False) -> Mapping[int, Job]:
+        self._require_fresh(allow_stale)
+        return MappingProxyType(self._jobs.items)
+
+    def job(self, job_id: int, *, allow_stale: bool = False) -> Job | None:
+        self._require_fresh(allow_stale)
+        return self._jobs.items.get(job_id)
+
+    # -- events -----------------------------------------------------------------------
+
+    def subscribe(self, *, replay: bool = True, maxsize: int = 100_000) -> Subscription:
+        """A new event stream; with `replay`, it starts with ADDED for what is cached."""
+        subscription = Subscription(self, maxsize)
+        if replay:
+            for name, node in self._nodes.items.items():
+                subscription._put(NodeEvent(Change.ADDED, name, None, node))
+            for job_id, job in self._jobs.items.items():
+                subscription._put(JobEvent(Change.ADDED, job_id, None, job))
+            if self._state is not ViewState.STARTING:
+                subscription._put(StateEvent(self._state, self._stale_reason))
+        self._subscribers.append(subscription)
+        return subscription
+
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(subscription)
+
+    def _emit(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.stats.events += 1
+            for subscriber in self._subscribers:
+                subscriber._put(event)
+
+    def _set_state(self, state: ViewState, reason: str) -> None:
+        changed = state is not self._state
+        self._state = state
+        self._stale_reason = reason
+        if changed:
+            level = logging.WARNING if state is ViewState.STALE else logging.INFO
+            log.log(level, "Slurm view %s%s", state.value, f": {reason}" if reason else "")
+            self._emit([StateEvent(state, reason)])
+
+    # -- forced reads ---------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read everything now (not incrementally); raises if Slurm cannot be read."""
+        await self._sync(full=True)
+
+    async def refresh_node(self, name: str) -> Node | None:
+        """Read one node now, update the cache (and emit) and return it; None if gone."""
+        try:
+            node = await self.client.node(name)
+        except SlurmError as exc:
+            self._fail(exc)
+            raise
+        async with self._sync_lock:
+            old = self._nodes.items.get(name)
+            if node is None:
+                self._nodes.items.pop(name, None)
+            else:
+                self._nodes.items[name] = node
+            if old != node:
+                if old is None:
+                    change = Change.ADDED
+                elif node is None:
+                    change = Change.REMOVED
+                else:
+                    change = Change.CHANGED
+                self._emit([NodeEvent(change, name, old, node)])
+        return node
+
+    def poll_now(self) -> None:
+        """Cut the current wait short (e.g. right after sunk changed something)."""
+        self._wake.set()
+
+    # -- the poll loop -----------------------------------------------------------------------
+
+    async def _run(self, first: asyncio.Future[None]) -> None:
+        failures = 0
+        while True:
+            started = self._clock()
+            # Cleared before the read, not after: a poll_now() during it still counts.
+            self._wake.clear()
+            try:
+                await self._sync(full=self._need_full)
+                failures = 0
+            except SlurmError:
+                failures += 1
+            except Exception:  # a bug must not silently stop the loop for good
+                log.exception("Slurm view poll failed unexpectedly")
+                self._fail_state("internal error, see log")
+                failures += 1
+            if not first.done():
+                first.set_result(None)
+            if failures:
+                delay = min(self.max_backoff, self.interval * 2 ** (failures - 1))
+            else:
+                delay = max(0.0, self.interval - (self._clock() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _sync(self, *, full: bool) -> None:
+        async with self._sync_lock:
+            self.stats.polls += 1
+            try:
+                if self._state is not ViewState.FRESH and self._state is not ViewState.STARTING:
+                    # Recovering: slurmrestd may have been upgraded while away.
+                    await self.client.negotiate(force=True)
+                events = await self._sync_nodes(full)
+                if self.watch_jobs:
+                    events += await self._sync_jobs(full)
+            except SlurmError as exc:
+                self._fail(exc)
+                raise
+            self._need_full = False
+            self._last_success = self._clock()
+            self._emit(events)
+            self._set_state(ViewState.FRESH, "")
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _fail(self, exc: SlurmError) -> None:
+        self.stats.failures += 1
+        self._need_full = True  # whatever happened meanwhile, re-read all on recovery
+        self._fail_state(str(exc))
+
+    def _fail_state(self, reason: str) -> None:
+        self._set_state(ViewState.STALE, reason)
+
+    async def _read_nodes(self, since: int | None) -> Listing[Node] | None:
+        return await self.client.nodes(since, read_timeout=self.poll_timeout)
+
+    async def _read_jobs(self, since: int | None) -> Listing[Job] | None:
+        return await self.client.jobs(since, read_timeout=self.poll_timeout)
+
+    async def _sync_nodes(self, full: bool) -> list[Event]:
+        listing = await self._read(self._nodes, self._read_nodes, full)
+        if listing is None:
+            return []
+        new = {node.name: node for node in listing.items}
+        events: list[Event] = [NodeEvent(*change) for change in diff(self._nodes.items, new)]
+        self._nodes.items = new
+        self._nodes.since = listing.last_update or None
+        return events
+
+    async def _sync_jobs(self, full: bool) -> list[Event]:
+        listing = await self._read(self._jobs, self._read_jobs, full)
+        if listing is None:
+            return []
+        new = {job.job_id: job for job in listing.items}
+        events: list[Event] = [JobEvent(*change) for change in diff(self._jobs.items, new)]
+        self._jobs.items = new
+        self._jobs.since = listing.last_update or None
+        return events
+
+    async def _read(
+        self,
+        table: _Table[Any, V],
+        read: Callable[[int | None], Awaitable[Listing[V] | None]],
+        full: bool,
+    ) -> Listing[V] | None:
+        """The full list, or None when an incremental read says nothing changed."""
+        incremental = (
+            not full and table.since is not None and self._clock() >= table.incremental_paused_until
+        )
+        if not incremental:
+            return await self._full(read)
+        try:
+            listing = await read(table.since)
+        except SlurmApiError as exc:
+            if isinstance(exc, SlurmAuthError) or exc.transient:
+                raise
+            # 24.11's "Unable to query partitions", or an update_time the
+            # version cannot parse: a full read still works.
+            self.stats.fallbacks += 1
+            now = self._clock()
+            if table.failing_since is None:
+                table.failing_since = now
+            elif now - table.failing_since >= _FAILING_BEFORE_PAUSE:
+                table.incremental_paused_until = now + _INCREMENTAL_PAUSE
+                table.failing_since = None
+            log.debug("incremental read failed (%s); reading everything", exc)
+            return await self._full(read)
+        table.failing_since = None
+        if listing is None:
+            self.stats.unchanged += 1
+        else:
+            self.stats.changed += 1
+        return listing
+
+    async def _full(self, read: Callable[[int | None], Awaitable[Listing[V] | None]]) -> Listing[V]:
+        self.stats.full_reads += 1
+        listing = await read(None)
+        assert listing is not None  # without `since` there is always a list
+        return listing

@@ -1,0 +1,229 @@
+"""The cached view's own rules, on a fake transport and a fake clock.
+
+Real slurmrestd behaviour (the 24.11 defect, outages, restarts) is covered by
+test_slurm_port_contract.py; here: diffing, staleness by age, bounded
+subscriber queues, and pausing incremental reads a server keeps failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx2
+import pytest
+
+from sunk.slurm import (
+    Change,
+    Node,
+    NodeEvent,
+    Resync,
+    RetryPolicy,
+    SlurmClient,
+    SlurmStaleError,
+    SlurmView,
+    StaticToken,
+    ViewState,
+)
+from sunk.slurm.view import diff
+
+OPENAPI = {"paths": {"/slurm/v0.0.42/nodes/": {"get": {}}}}
+
+
+def node(name: str, *state: str) -> Node:
+    return Node(name=name, state=state or ("IDLE",))
+
+
+def test_diff() -> None:
+    old = {"a": node("a"), "b": node("b"), "c": node("c")}
+    new = {"a": node("a"), "b": node("b", "IDLE", "DRAIN"), "d": node("d")}
+    assert [(c, k) for c, k, _, _ in diff(old, new)] == [
+        (Change.CHANGED, "b"),
+        (Change.ADDED, "d"),
+        (Change.REMOVED, "c"),
+    ]
+
+
+class FakeSlurm:
+    """Nodes as slurmrestd lists them; `broken_update_time` answers those with a 500."""
+
+    def __init__(self) -> None:
+        self.nodes = [{"name": "n1", "state": ["IDLE"]}]
+        self.broken_update_time = False
+        self.down = False
+        self.requests: list[str] = []
+        self.last_update = 100
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        if self.down:
+            raise httpx2.ConnectError("refused")
+        if request.url.path == "/openapi/v3":
+            return httpx2.Response(200, content=json.dumps(OPENAPI).encode())
+        since = request.url.params.get("update_time")
+        self.requests.append("incremental" if since else "full")
+        if since and self.broken_update_time:
+            body: dict[str, Any] = {
+                "errors": [{"description": "Unable to query partitions", "error_number": -1}]
+            }
+            return httpx2.Response(500, content=json.dumps(body).encode())
+        if since and int(since) >= self.last_update:
+            return httpx2.Response(304)
+        body = {"nodes": self.nodes, "last_update": {"set": True, "number": self.last_update}}
+        return httpx2.Response(200, content=json.dumps(body).encode())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def view_over(fake: FakeSlurm, clock: Clock) -> SlurmView:
+    client = SlurmClient(
+        "http://slurm",
+        StaticToken("root", "t"),
+        transport=httpx2.MockTransport(fake),
+        retry=RetryPolicy(attempts=1),
+    )
+    return SlurmView(client, interval=3600, watch_jobs=False, stale_after=5, clock=clock)
+
+
+async def test_stale_by_age_even_without_errors() -> None:
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    await view.refresh()
+    assert view.fresh
+    assert view.node("n1") == node("n1")
+    clock.now += 6  # the poll loop is stuck, or slow: the data is old either way
+    assert view.state is ViewState.STALE
+    with pytest.raises(SlurmStaleError, match="no recent poll"):
+        view.nodes()
+    assert view.node("n1", allow_stale=True) == node("n1")
+    await view.refresh()
+    assert view.fresh
+    await view.client.aclose()
+
+
+async def test_failure_marks_stale_and_recovery_rereads_everything() -> None:
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    events = view.subscribe()
+    await view.refresh()
+    fake.down = True
+    with pytest.raises(Exception, match="unavailable"):
+        await view.refresh()
+    assert view.state is ViewState.STALE
+    fake.down = False
+    fake.nodes = [{"name": "n2", "state": ["IDLE"]}]
+    fake.last_update = 200
+    await view.refresh()
+    seen = []
+    while (event := events.get_nowait()) is not None:
+        seen.append(event)
+    kinds = [(type(e).__name__, getattr(e, "change", getattr(e, "state", None))) for e in seen]
+    assert kinds == [
+        ("NodeEvent", Change.ADDED),
+        ("StateEvent", ViewState.FRESH),
+        ("StateEvent", ViewState.STALE),
+        ("NodeEvent", Change.ADDED),
+        ("NodeEvent", Change.REMOVED),
+        ("StateEvent", ViewState.FRESH),
+    ]
+    await view.client.aclose()
+
+
+async def test_a_slow_subscriber_gets_resync_instead_of_a_backlog() -> None:
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    events = view.subscribe(maxsize=2)
+    fake.nodes = [{"name": f"n{i}", "state": ["IDLE"]} for i in range(5)]
+    await view.refresh()
+    assert isinstance(events.get_nowait(), Resync)
+    assert events.dropped > 0
+    events.close()
+    fake.nodes = []
+    fake.last_update += 1
+    await view.refresh()
+    assert events.get_nowait() is None  # closed: no more events
+    await view.client.aclose()
+
+
+async def test_incremental_reads_a_server_keeps_failing_pause() -> None:
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    await view._sync(full=False)  # first read: full
+    await view._sync(full=False)  # unchanged: 304
+    assert fake.requests == ["full", "incremental"]
+    assert view.stats.unchanged == 1
+    fake.broken_update_time = True
+    fake.requests.clear()
+    for _ in range(4):  # a second apart: fails, falls back, still tries
+        await view._sync(full=False)
+        clock.now += 1
+    assert fake.requests == ["incremental", "full"] * 4
+    assert view.fresh  # never stale: every fallback read succeeded
+    clock.now += 1  # failing for 5 s now: the next failure pauses them
+    await view._sync(full=False)
+    fake.requests.clear()
+    await view._sync(full=False)
+    assert fake.requests == ["full"]
+    assert view.stats.fallbacks == 5
+    clock.now += 31  # pause over: try again
+    fake.broken_update_time = False
+    fake.requests.clear()
+    await view._sync(full=False)
+    assert fake.requests == ["incremental"]
+    await view.client.aclose()
+
+
+async def test_node_events_carry_old_and_new() -> None:
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    await view.refresh()
+    events = view.subscribe(replay=False)
+    fake.nodes = [{"name": "n1", "state": ["IDLE", "DRAIN"], "reason": "r"}]
+    fake.last_update += 1
+    await view._sync(full=False)
+    event = events.get_nowait()
+    assert isinstance(event, NodeEvent)
+    assert event.change is Change.CHANGED
+    assert event.old == node("n1")
+    assert event.new is not None
+    assert event.new.draining
+    assert event.new.reason == "r"
+    await view.client.aclose()
+
+
+async def test_closing_ends_iteration_for_a_waiting_subscriber() -> None:
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    events = view.subscribe()
+
+    async def consume() -> list[object]:
+        return [event async for event in events]
+
+    task = asyncio.create_task(consume())
+    await view.refresh()
+    await asyncio.sleep(0)
+    events.close()
+    seen = await asyncio.wait_for(task, 1)
+    assert [type(e).__name__ for e in seen] == ["NodeEvent", "StateEvent"]
+    await view.client.aclose()
+
+
+async def test_poll_now_cuts_the_wait_short() -> None:
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)  # polls once an hour unless woken
+    await view.start()
+    assert view.fresh
+    polled = len(fake.requests)
+    view.poll_now()
+    async with asyncio.timeout(2):
+        while len(fake.requests) == polled:
+            await asyncio.sleep(0.01)
+    await view.stop()
+    assert view.state is ViewState.CLOSED
+    await view.client.aclose()
