@@ -135,3 +135,75 @@ def local_slurm(ctx: typer.Context, state: StateOption = None) -> None:
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     raise typer.Exit(result.returncode)
+
+
+@local.command("nodes")
+def local_nodes(
+    count: Annotated[int, typer.Option("--count", help="How many nodes.")] = 3,
+    prefix: Annotated[str, typer.Option(help="Node names are PREFIX1 … PREFIXN.")] = "local-",
+    cpu: Annotated[str, typer.Option(help="cpu capacity of each node.")] = "4",
+    memory: Annotated[str, typer.Option(help="memory capacity of each node.")] = "8Gi",
+    pods: Annotated[int, typer.Option(help="Pod capacity of each node.")] = 110,
+    gpus: Annotated[int, typer.Option(help="nvidia.com/gpu capacity of each node.")] = 0,
+    label: Annotated[
+        list[str] | None, typer.Option(help="A node label KEY=VALUE (repeatable).")
+    ] = None,
+    keep_nodes: Annotated[
+        bool, typer.Option(help="Leave the Node objects behind on exit (they go NotReady).")
+    ] = False,
+    clean: Annotated[
+        bool, typer.Option("--clean", help="Only remove what a crashed runtime left; exit.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    state: StateOption = None,
+) -> None:
+    """Run N Kubernetes nodes on this machine that really run pods (until Ctrl-C)."""
+    _require_root()
+    from sunk.local import main
+
+    bed = state or default_state_dir()
+    main.configure_logging(verbose)
+    try:
+        if clean:
+            removed = main.clean(bed)
+            _log(
+                f"removed {len(removed)} leftovers" + (f": {', '.join(removed)}" if removed else "")
+            )
+            return
+        configs = main.node_configs(
+            count, prefix, cpu, memory, pods, gpus, main.parse_labels(label or [])
+        )
+        main.run_nodes(bed, configs, keep_nodes=keep_nodes, log=_log)
+    except (RuntimeError, ValueError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+
+
+@local.command("logs")
+def local_logs(
+    pod: Annotated[str, typer.Argument(help="The pod's name.")],
+    container: Annotated[str | None, typer.Option("--container", "-c")] = None,
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    previous: Annotated[
+        bool, typer.Option("--previous", "-p", help="The previous instance's output.")
+    ] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+    state: StateOption = None,
+) -> None:
+    """Print a container's output from the local nodes (`sunk local nodes`)."""
+    from sunk.local import main
+    from sunk.local.logs import LogNotFound
+
+    try:
+        main.print_logs(
+            state or default_state_dir(),
+            pod,
+            namespace,
+            container,
+            previous,
+            follow,
+            warn=lambda message: console.print(message),
+        )
+    except LogNotFound as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc

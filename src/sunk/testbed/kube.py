@@ -62,6 +62,13 @@ ADMIN = "admin"
 # Kubeconfigs the bed writes itself; issue_kubeconfig must not overwrite them.
 _RESERVED_KUBECONFIGS = frozenset({ADMIN, *COMPONENTS, "kube-controller-manager", "kube-scheduler"})
 
+# How long the node lifecycle controller waits for a node's Lease renewal
+# before marking it NotReady (default 50 s), and how often it checks (default
+# 5 s). Shortened so that node-failure tests (the local node runtime) see
+# NotReady in seconds; the runtime renews Leases every 2 s.
+NODE_MONITOR_GRACE_PERIOD = "10s"
+NODE_MONITOR_PERIOD = "1s"
+
 # Supervisor names, in start order (the Slurm half uses other names).
 DAEMONS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
@@ -674,6 +681,8 @@ class KubeControlPlane:
                 "--kube-api-burst=400",
                 f"--cluster-name={CLUSTER_NAME}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE_PERIOD}",
+                f"--node-monitor-period={NODE_MONITOR_PERIOD}",
                 "--leader-elect=false",
             ],
         )

@@ -13,6 +13,7 @@ chain of `exec`s, the sandboxed command itself: signals reach it directly.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ class Sandbox:
     user: tuple[int, int] | None = None  # uid, gid inside the root filesystem
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str = "/"
+    # Directories created inside the root filesystem before the command runs
+    # (e.g. a container's workingDir that the image does not have).
+    mkdirs: Sequence[str] = ()
 
     def argv(self, command: Sequence[str]) -> list[str]:
         root = shlex.quote(str(self.mountpoint))
@@ -61,7 +65,7 @@ class Sandbox:
             f"mount --rbind /dev {root}/dev",
         ]
         for bind in self.binds:
-            target = root + shlex.quote(bind.target)
+            target = root + shlex.quote(resolve_in_root(self.rootfs, bind.target))
             if bind.source.is_dir():
                 steps.append(f"mkdir -p {target}")
             else:
@@ -69,6 +73,8 @@ class Sandbox:
             steps.append(f"mount --bind {shlex.quote(str(bind.source))} {target}")
             if bind.read_only:
                 steps.append(f"mount -o remount,bind,ro {target}")
+        for directory in self.mkdirs:
+            steps.append(f"mkdir -p {root}{shlex.quote(resolve_in_root(self.rootfs, directory))}")
         if self.hostname:
             steps.append(f"hostname {shlex.quote(self.hostname)}")
         chroot = ["exec", "chroot"]
@@ -83,8 +89,43 @@ class Sandbox:
         steps.append(" ".join(shlex.quote(a) if a != "exec" else a for a in chroot) + ' "$@"')
         unshare = ["unshare", "--mount", "--uts", "--propagation", "private"]
         if self.netns:
-            unshare.append(f"--net=/run/netns/{self.netns}")
+            # Join the existing namespace first: `unshare --net=FILE` would make a
+            # new one and bind-mount it over FILE. nsenter execs (no fork), so the
+            # pid stays the command's.
+            unshare = ["nsenter", f"--net=/run/netns/{self.netns}", "--", *unshare]
         return [*unshare, "--", "/bin/sh", "-c", "\n".join(steps), "sandbox", *command]
+
+
+def resolve_in_root(rootfs: Path, path: str) -> str:
+    """`path` as seen inside the root filesystem, its symlinks followed there.
+
+    Bind targets are created from the host (`mkdir -p $root/...`); a symlink
+    in the image such as /var/run -> /run would otherwise be followed on the
+    host and the mount would land outside the sandbox.
+    """
+    pending = [p for p in path.split("/") if p]
+    resolved: list[str] = []
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = rootfs.joinpath(*resolved, part)
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise ValueError(f"too many symlinks resolving {path} in {rootfs}")
+            link = os.readlink(candidate)
+            if link.startswith("/"):
+                resolved = []
+            pending = [p for p in link.split("/") if p] + pending
+            continue
+        resolved.append(part)
+    return "/" + "/".join(resolved)
 
 
 def ids(rootfs: Path, user: str) -> tuple[int, int]:

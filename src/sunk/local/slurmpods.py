@@ -1,0 +1,160 @@
+"""Slurm as pods on the local runtime: the objects a NodeSet-style slurmd pod needs.
+
+What a real slurmd pod of a NodeSet does, here against the test bed's
+slurmctld (which runs on the host, reachable at the runtime's gateway):
+
+- `slurmctld` resolves through a selector-less Service with a hand-made
+  EndpointSlice pointing at the gateway (how an external endpoint is given a
+  cluster name);
+- munge runs in the pod as a native sidecar (an init container with
+  restartPolicy Always) with the cluster's key from a Secret, sharing its
+  socket with slurmd through an emptyDir; an init container installs the key
+  with the owner and mode munged insists on;
+- slurmd runs configless (`-Z --conf-server slurmctld:PORT`) as a dynamic node
+  named after the pod, with its spool in an emptyDir; its readiness is a TCP
+  probe on slurmd's port.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+SLURMD_PORT = 6818
+MUNGE_SECRET = "slurm-munge-key"  # noqa: S105 - a Secret's name, not a secret
+SERVICE = "slurmctld"
+
+_WAIT_SOCKET = (
+    "for i in $(seq 200); do test -S /run/munge/munge.socket.2 && exit 0; sleep 0.05; done; exit 1"
+)
+
+
+def munge_secret(namespace: str, key: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": MUNGE_SECRET, "namespace": namespace},
+        "data": {"munge.key": base64.b64encode(key.read_bytes()).decode()},
+    }
+
+
+def controller_service(namespace: str, port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": namespace},
+        "spec": {"clusterIP": "None", "ports": [{"name": "slurmctld", "port": port}]},
+    }
+
+
+def controller_endpoints(namespace: str, address: str, port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{SERVICE}-host",
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": SERVICE},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+        "ports": [{"name": "slurmctld", "port": port, "protocol": "TCP"}],
+    }
+
+
+def slurmd_pod(
+    name: str,
+    namespace: str,
+    ctld_port: int,
+    *,
+    node: str | None = None,
+    cpus: int = 1,
+    munge_uid: int = 100,
+    munge_gid: int = 101,
+    feature: str = "dynamic",
+    grace: int = 5,
+) -> dict[str, Any]:
+    """A slurmd pod (bound to `node` directly when given, else left to the scheduler)."""
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": grace,
+        "initContainers": [
+            {
+                "name": "munge-key",
+                "image": "slurm",
+                "command": [
+                    "sh",
+                    "-c",
+                    "install -d -o munge -g munge -m 0700 /etc/munge"
+                    " && install -o munge -g munge -m 0400 /munge-secret/munge.key /etc/munge/"
+                    " && install -d -o munge -g munge -m 0755 /run/munge"
+                    " && mkdir -p /var/spool/slurmd/$(POD_NAME)",
+                ],
+                "env": [_pod_name_env()],
+                "volumeMounts": [
+                    {"name": "munge-secret", "mountPath": "/munge-secret"},
+                    {"name": "munge-etc", "mountPath": "/etc/munge"},
+                    {"name": "munge-run", "mountPath": "/run/munge"},
+                    {"name": "spool", "mountPath": "/var/spool/slurmd"},
+                ],
+            },
+            {
+                "name": "munged",
+                "image": "slurm",
+                "restartPolicy": "Always",  # a native sidecar
+                "command": ["munged", "-F"],
+                "securityContext": {"runAsUser": munge_uid, "runAsGroup": munge_gid},
+                "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", _WAIT_SOCKET]}}},
+                "volumeMounts": [
+                    {"name": "munge-etc", "mountPath": "/etc/munge"},
+                    {"name": "munge-run", "mountPath": "/run/munge"},
+                ],
+            },
+        ],
+        "containers": [
+            {
+                "name": "slurmd",
+                "image": "slurm",
+                "command": [
+                    "slurmd",
+                    "-D",
+                    "-Z",
+                    "-N",
+                    "$(POD_NAME)",
+                    "--conf-server",
+                    f"{SERVICE}:{ctld_port}",
+                    "--conf",
+                    f"Feature={feature} CPUs={cpus} RealMemory=1000",
+                ],
+                "env": [_pod_name_env()],
+                "ports": [{"name": "slurmd", "containerPort": SLURMD_PORT}],
+                "readinessProbe": {
+                    "tcpSocket": {"port": "slurmd"},
+                    "periodSeconds": 1,
+                },
+                "resources": {"requests": {"cpu": f"{cpus * 100}m", "memory": "64Mi"}},
+                "volumeMounts": [
+                    {"name": "munge-run", "mountPath": "/run/munge"},
+                    {"name": "spool", "mountPath": "/var/spool/slurmd"},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "munge-secret", "secret": {"secretName": MUNGE_SECRET, "defaultMode": 0o400}},
+            {"name": "munge-etc", "emptyDir": {}},
+            {"name": "munge-run", "emptyDir": {}},
+            {"name": "spool", "emptyDir": {}},
+        ],
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "slurmd"}},
+        "spec": spec,
+    }
+
+
+def _pod_name_env() -> dict[str, Any]:
+    return {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
