@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from sunk.nodeset.plan import SlurmNodeView
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import Node
-from sunk.slurm.view import NodeEvent, SlurmView, StateEvent
+from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ class SlurmPortForNodeSets:
             async for event in subscription:
                 if isinstance(event, NodeEvent):
                     self._notify(event.name)
-                elif isinstance(event, StateEvent):
+                elif isinstance(event, StateEvent | Resync):
+                    # Stale, fresh again, or events dropped: look at everything.
                     self._notify(ALL_NODES)
         finally:
             subscription.close()
