@@ -52,6 +52,53 @@ def version() -> None:
     print(__version__)
 
 
+@app.command()
+def operator(
+    slurmrestd: Annotated[
+        str, typer.Option(envvar="SUNK_SLURMRESTD_URL", help="slurmrestd base URL.")
+    ],
+    jwt_key: Annotated[
+        Path,
+        typer.Option(
+            envvar="SUNK_JWT_KEY_FILE", help="The cluster's HS256 jwt key (a mounted Secret)."
+        ),
+    ],
+    slurm_user: Annotated[
+        str, typer.Option(envvar="SUNK_SLURM_USER", help="Slurm user the tokens name.")
+    ] = "slurm",
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(envvar="KUBECONFIG", help="Default: the pod's service account."),
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="Watch one namespace (default: all).")
+    ] = None,
+    lease_namespace: Annotated[
+        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the leader Lease.")
+    ] = "default",
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
+    """Run the NodeSet controller (leader-elected)."""
+    import asyncio
+    import logging
+
+    from sunk.operator import OperatorConfig, run_operator
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = OperatorConfig(
+        slurmrestd_url=slurmrestd,
+        jwt_key_file=jwt_key,
+        slurm_user=slurm_user,
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        lease_namespace=lease_namespace,
+    )
+    asyncio.run(run_operator(config))
+
+
 @testbed.command("prepare")
 def testbed_prepare() -> None:
     """Build or reuse the cached Kubernetes binaries and Slurm root filesystem."""
