@@ -12,13 +12,11 @@ import asyncio
 import base64
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,52 +27,27 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import (
     ConfigMap,
     Event,
-    Namespace,
     Node,
     PersistentVolume,
     PersistentVolumeClaim,
     Pod,
     Secret,
     Service,
-    ServiceAccount,
 )
 from lightkube.resources.discovery_v1 import EndpointSlice
 from typer.testing import CliRunner
 
+from plugins.local import LocalBed, local_bed, wait_for
 from sunk.cli import app
 from sunk.local import slurmpods
-from sunk.local.logs import find_log
 from sunk.local.net import is_mount_point, link_names, netns_names
 from sunk.local.node import NodeConfig
 from sunk.local.port import build
 from sunk.local.runtime import ControlPlaneIdentities, LocalRuntime, RuntimeConfig, cleanup
 from sunk.local.system import pids_rooted_at
 from sunk.testbed.kube import KubeAccess, KubeControlPlane
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
 
 pytestmark = pytest.mark.testbed
-
-
-@dataclass
-class LocalBed:
-    runtime: LocalRuntime
-    cluster: SlurmCluster
-    state: Path  # the bed's state dir; the runtime's is state / "nodes"
-    nodes: list[str]
-    namespace: str
-    kube: AsyncClient
-
-    def log(self, pod: str, container: str | None = None, previous: bool = False) -> str:
-        found = find_log(self.runtime.pods_dir(), self.namespace, pod, container, previous)
-        return found.path.read_text(errors="replace")
-
-
-async def wait_for(what: str, check: Callable[[], Awaitable[bool]], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 def exists(path: Path) -> bool:
@@ -104,74 +77,20 @@ async def bed(
 ) -> AsyncIterator[LocalBed]:
     if kube_control_plane is None:
         pytest.skip("the local runtime needs the bed's own CA to mint node identities")
-    rootfs = await asyncio.to_thread(ensure_rootfs)
-    state = Path(tempfile.mkdtemp(prefix="sunk-lr-", dir="/tmp"))
-    tag = secrets.token_hex(2)
-    nodes = [
-        NodeConfig(f"ln{tag}-1", labels={"topology.kubernetes.io/zone": "z1"}),
-        NodeConfig(f"ln{tag}-2", labels={"topology.kubernetes.io/zone": "z1"}),
-        NodeConfig(
-            f"ln{tag}-3",
-            gpus=2,
-            labels={"sunk.dev/rack": "r7", "node-role.kubernetes.io/gpu": ""},
-        ),
-    ]
-    config = RuntimeConfig(
-        state_dir=state / "nodes",
-        rootfs=rootfs,
-        nodes=nodes,
-        backoff_initial=0.5,
-        backoff_max=2.0,
-        volume_refresh=0.5,
-        stop_grace=2.0,
-    )
-    runtime = LocalRuntime(
-        config, ControlPlaneIdentities(kube_control_plane, kube_access.admin_kubeconfig)
-    )
-    cluster = SlurmCluster(
-        state,
-        Supervisor(state),
-        rootfs,
-        nodes=0,
-        controller_address="127.0.0.1",  # replaced below, once the gateway is known
-        extra_conf=["SlurmctldParameters=enable_configless"],
-    )
-    namespace = f"t-local-{tag}"
-    try:
-        await runtime.start()
-        cluster.controller_address = runtime.gateway
-        await asyncio.to_thread(cluster.start)
-        await kube.create(
-            build(
-                Namespace,
-                {"metadata": {"name": namespace, "labels": {"sunk.test/contract": "true"}}},
-            )
-        )
 
-        async def has_account() -> bool:
-            try:
-                await kube.get(ServiceAccount, "default", namespace=namespace)
-                return True
-            except ApiError:
-                return False
+    def nodes(tag: str) -> list[NodeConfig]:
+        return [
+            NodeConfig(f"ln{tag}-1", labels={"topology.kubernetes.io/zone": "z1"}),
+            NodeConfig(f"ln{tag}-2", labels={"topology.kubernetes.io/zone": "z1"}),
+            NodeConfig(
+                f"ln{tag}-3",
+                gpus=2,
+                labels={"sunk.dev/rack": "r7", "node-role.kubernetes.io/gpu": ""},
+            ),
+        ]
 
-        await wait_for("the default ServiceAccount", has_account)
-        yield LocalBed(runtime, cluster, state, [n.name for n in nodes], namespace, kube)
-    finally:
-        # Pods first, while their nodes still run, so the runtime finalizes them.
-        try:
-            await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
-
-            async def no_pods() -> bool:
-                return not [p async for p in kube.list(Pod, namespace=namespace)]
-
-            await wait_for("pods to be gone", no_pods, timeout=20)
-            await kube.delete(Namespace, namespace)
-        except (ApiError, AssertionError):
-            pass
-        await runtime.stop(delete_nodes=True)
-        await asyncio.to_thread(cluster.stop)
-        shutil.rmtree(state, ignore_errors=True)
+    async with local_bed(kube_control_plane, kube_access, kube, nodes) as made:
+        yield made
 
 
 def pod(
