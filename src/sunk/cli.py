@@ -99,6 +99,59 @@ def operator(
     asyncio.run(run_operator(config))
 
 
+@app.command()
+def syncer(
+    slurmrestd: Annotated[
+        str, typer.Option(envvar="SUNK_SLURMRESTD_URL", help="slurmrestd base URL.")
+    ],
+    jwt_key: Annotated[
+        Path, typer.Option(envvar="SUNK_JWT_KEY_FILE", help="The cluster's HS256 jwt key.")
+    ],
+    slurm_user: Annotated[
+        str, typer.Option(envvar="SUNK_SLURM_USER", help="Slurm user the tokens name.")
+    ] = "slurm",
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(envvar="KUBECONFIG", help="Default: the pod's service account."),
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace of the slurmd pods (default: all).")
+    ] = None,
+    drain_on_condition: Annotated[
+        list[str] | None,
+        typer.Option(help="A node condition type that drains its Slurm node while True."),
+    ] = None,
+    lock_effect: Annotated[
+        str, typer.Option(help="Effect of the node-lock taint while a job runs.")
+    ] = "NoExecute",
+    lease_namespace: Annotated[
+        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the leader Lease.")
+    ] = "default",
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
+    """Keep Kubernetes and Slurm in step about every node (leader-elected)."""
+    import logging
+
+    from sunk.syncer.run import SyncerConfig, main
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    main(
+        SyncerConfig(
+            slurmrestd_url=slurmrestd,
+            jwt_key_file=jwt_key,
+            slurm_user=slurm_user,
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            watched_conditions=tuple(drain_on_condition or ()),
+            lock_effect=lock_effect,
+            lease_namespace=lease_namespace,
+        )
+    )
+
+
 @testbed.command("prepare")
 def testbed_prepare() -> None:
     """Build or reuse the cached Kubernetes binaries and Slurm root filesystem."""

@@ -1,0 +1,62 @@
+"""`sunk syncer`: the syncer, leader-elected, talking to one Slurm cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sunk.kube.leader import LeaderElector
+from sunk.operator import kube_client
+from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.view import SlurmView
+from sunk.syncer.controller import Syncer
+
+
+@dataclass(frozen=True)
+class SyncerConfig:
+    slurmrestd_url: str
+    jwt_key_file: Path
+    slurm_user: str = "slurm"
+    kubeconfig: Path | None = None
+    namespace: str | None = None  # where slurmd pods live; None: every namespace
+    watched_conditions: Sequence[str] = ()
+    lock_effect: str = "NoExecute"
+    poll_interval: float = 0.25
+    lease_namespace: str = "default"
+    lease_name: str = "sunk-syncer"
+    identity: str = ""
+
+
+async def run_syncer(config: SyncerConfig) -> None:
+    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+    kube = kube_client(config.kubeconfig)
+    credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
+    async with (
+        SlurmClient(config.slurmrestd_url, credentials) as slurm,
+        SlurmView(slurm, interval=config.poll_interval, watch_jobs=False) as view,
+    ):
+
+        async def lead() -> None:
+            syncer = Syncer(
+                kube,
+                slurm,
+                view,
+                watched_conditions=config.watched_conditions,
+                lock_effect=config.lock_effect,
+                namespace=config.namespace,
+            )
+            await syncer.run()
+
+        elector = LeaderElector(
+            kube, namespace=config.lease_namespace, name=config.lease_name, identity=identity
+        )
+        await elector.run(lead)
+
+
+def main(config: SyncerConfig) -> None:
+    asyncio.run(run_syncer(config))
