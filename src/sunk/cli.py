@@ -124,6 +124,9 @@ def syncer(
     lock_effect: Annotated[
         str, typer.Option(help="Effect of the node-lock taint while a job runs.")
     ] = "NoExecute",
+    metrics_port: Annotated[
+        int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
+    ] = 9090,
     lease_namespace: Annotated[
         str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the leader Lease.")
     ] = "default",
@@ -148,6 +151,7 @@ def syncer(
             watched_conditions=tuple(drain_on_condition or ()),
             lock_effect=lock_effect,
             lease_namespace=lease_namespace,
+            metrics_port=metrics_port or None,
         )
     )
 

@@ -116,7 +116,7 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
 ) -> None:
     node = sync_bed.bed.nodes[0]
     slurm_node = sync_bed.pods[node]
-    async with syncing(kube, sync_bed):
+    async with syncing(kube, sync_bed) as syncer:
         started = time.monotonic()
         await kube.patch(
             Node,
@@ -142,6 +142,13 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
             return "DRAIN" not in state
 
         await wait_for("the uncordon to resume it", resumed, timeout=10)
+        registry = syncer.metrics.registry
+        assert (registry.get_sample_value("sunk_syncer_actions_total", {"kind": "drain"}) or 0) >= 1
+        assert (
+            registry.get_sample_value("sunk_syncer_actions_total", {"kind": "resume"}) or 0
+        ) >= 1
+        assert registry.get_sample_value("sunk_syncer_slurm_view_fresh") == 1
+        assert (registry.get_sample_value("sunk_syncer_reconcile_seconds_count") or 0) > 0
 
 
 async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(

@@ -39,6 +39,7 @@ from sunk.syncer.decide import (
     SlurmState,
     decide,
 )
+from sunk.syncer.metrics import SyncerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,9 @@ class Syncer:
         lock_effect: str = "NoExecute",
         namespace: str | None = None,
         workers: int = 4,
+        metrics: SyncerMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or SyncerMetrics()
         self._kube = kube
         self._slurm = slurm
         self._view = view
@@ -145,6 +148,30 @@ class Syncer:
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
 
     async def reconcile(self, name: str) -> Result | None:
+        with self.metrics.sync_seconds.time():
+            try:
+                return await self._reconcile(name)
+            except Exception:
+                self.metrics.errors.inc()
+                raise
+            finally:
+                self._count_slurm_nodes()
+
+    def _count_slurm_nodes(self) -> None:
+        self.metrics.view_fresh.set(1 if self._view.fresh else 0)
+        if not self._view.fresh:
+            return
+        counts: dict[tuple[str, str], int] = {}
+        for pod in self._pods.items():
+            node = self._view.node(pod_state(pod).name)
+            if node is not None:
+                key = (node.base_state, "true" if node.draining else "false")
+                counts[key] = counts.get(key, 0) + 1
+        self.metrics.slurm_nodes.clear()
+        for (state, drain), count in counts.items():
+            self.metrics.slurm_nodes.labels(state=state, drain=drain).set(count)
+
+    async def _reconcile(self, name: str) -> Result | None:
         node = self._nodes.get(name)
         if node is None:
             return None
@@ -170,12 +197,14 @@ class Syncer:
             if isinstance(action, Drain):
                 log.info("drain %s: %s", slurm_name, action.reason)
                 await self._slurm.drain(slurm_name, action.reason)
+                self.metrics.actions.labels(kind="drain").inc()
             elif isinstance(action, Resume):
                 fresh = await self._view.refresh_node(slurm_name)
                 # Resume only what is still ours: someone may have drained it since.
                 if fresh is not None and fresh.draining and fresh.reason == action.reason:
                     log.info("resume %s (was: %s)", slurm_name, action.reason)
                     await self._slurm.resume(slurm_name)
+                    self.metrics.actions.labels(kind="resume").inc()
         if decision.slurm:
             await self._view.refresh_node(slurm_name)
 
@@ -195,6 +224,7 @@ class Syncer:
             metadata["labels"] = changed_labels
         if metadata:
             await self._kube.patch(Node, name, {"metadata": metadata}, patch_type=PatchType.MERGE)
+            self.metrics.actions.labels(kind="annotate").inc()
         if decision.taint is not None:
             await self._set_lock(node, decision.taint.present, decision.taint.effect)
         await self._set_conditions(node, decision)
@@ -219,6 +249,7 @@ class Syncer:
             },
         ]
         await self._kube.patch(Node, node.metadata.name or "", patch, patch_type=PatchType.JSON)
+        self.metrics.actions.labels(kind="taint" if present else "untaint").inc()
 
     async def _set_conditions(self, node: Node, decision: Decision) -> None:
         assert node.metadata is not None
@@ -254,3 +285,4 @@ class Syncer:
                 {"status": {"conditions": updates}},
                 patch_type=PatchType.STRATEGIC,
             )
+            self.metrics.actions.labels(kind="condition").inc()

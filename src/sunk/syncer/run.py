@@ -9,12 +9,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import start_http_server
+
 from sunk.kube.leader import LeaderElector
 from sunk.operator import kube_client
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 from sunk.syncer.controller import Syncer
+from sunk.syncer.metrics import SyncerMetrics
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,14 @@ class SyncerConfig:
     lease_namespace: str = "default"
     lease_name: str = "sunk-syncer"
     identity: str = ""
+    metrics_port: int | None = 9090  # None: no /metrics endpoint
 
 
 async def run_syncer(config: SyncerConfig) -> None:
     identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+    metrics = SyncerMetrics()
+    if config.metrics_port is not None:
+        start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig)
     credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
     async with (
@@ -49,6 +56,7 @@ async def run_syncer(config: SyncerConfig) -> None:
                 watched_conditions=config.watched_conditions,
                 lock_effect=config.lock_effect,
                 namespace=config.namespace,
+                metrics=metrics,
             )
             await syncer.run()
 
