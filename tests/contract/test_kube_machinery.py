@@ -10,8 +10,10 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, Namespace
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+from lightkube.resources.events_v1 import Event as EventV1
 
+from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.leader import LeaderElector, LostLeadership
 
@@ -185,3 +187,32 @@ async def test_a_leader_that_cannot_renew_stops_its_work(kube: AsyncClient, name
     with pytest.raises(LostLeadership):
         await asyncio.wait_for(task, 5)
     assert cancelled.is_set()
+
+
+async def test_a_pod_informer_survives_bookmarks(kube: AsyncClient, namespace: str) -> None:
+    """A BOOKMARK carries an empty Pod that lightkube cannot decode as one; the informer
+    must take only its resourceVersion (this crashed the NodeSet controller once)."""
+    informer: Informer[Pod] = Informer(kube, Pod, namespace=namespace, watch_timeout=3)
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 10)
+        start = int(informer.resource_version)
+        for i in range(8):
+            await kube.create(configmap(f"noise{i}", namespace))
+            await asyncio.sleep(0.4)
+        await until(lambda: int(informer.resource_version) > start, timeout=10)
+        assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_events_are_recorded(kube: AsyncClient, namespace: str) -> None:
+    """The recorder never raises, so a refused Event would go unnoticed: check one lands."""
+    target = await kube.create(configmap("target", namespace))
+    await EventRecorder(kube, "sunk-test").emit(target, "Tested", "it works", action="Test")
+    events = [e async for e in kube.list(EventV1, namespace=namespace)]
+    assert [(e.reason, e.note, e.regarding.name) for e in events if e.regarding] == [
+        ("Tested", "it works", "target")
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 import socket
 from typing import Any, Literal
 
@@ -36,7 +37,11 @@ class EventRecorder:
         meta: dict[str, Any] = obj.get("metadata", {})
         namespace: str = meta.get("namespace") or "default"
         event = Event(
-            metadata=ObjectMeta(generateName=f"{meta.get('name')}.", namespace=namespace),
+            # As client-go names them: `<object>.<unique hex>`. (A generateName
+            # ending in "." is refused: the prefix itself must be a valid name.)
+            metadata=ObjectMeta(
+                name=f"{meta.get('name')}.{secrets.token_hex(8)}", namespace=namespace
+            ),
             eventTime=datetime.datetime.now(datetime.UTC),
             reportingController=self._controller,
             reportingInstance=self._instance[:128],

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 import httpx2
+import msgspec
 from lightkube import ApiError, AsyncClient
-from lightkube.types import on_error_raise
+from lightkube.core import decoders
+from lightkube.core.generic_client import WatchDriver
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +171,29 @@ class Informer(Generic[R]):
                 "fieldSelector": _selector(self._fields, fields=True),
             },
         )
+        # One watch request, read line by line. lightkube's own watch() decodes
+        # every event as the resource, and a BOOKMARK (an empty object with only
+        # a resourceVersion) fails that for Pods (`spec.containers: null`):
+        # bookmarks are taken apart here instead. The caller watches again when
+        # the request ends (timeoutSeconds).
+        driver = WatchDriver(request, generic._client.build_request)
+        http_request = driver.get_request(timeout=generic._watch_timeout)  # type: ignore[no-untyped-call]
+        reply = await generic.send(http_request, stream=True)  # type: ignore[no-untyped-call]
         try:
-            async for kind, obj in generic.watch(request, on_error=on_error_raise):
+            reply.raise_for_status()
+            async for line in reply.aiter_lines():
+                event = decoders.decode_watch_event(line)
+                if event.type == "BOOKMARK":
+                    self.resource_version = _bookmark_version(event.object)
+                    continue
+                kind, obj = driver.process_one_line(line)  # type: ignore[no-untyped-call]
                 self._apply(kind, obj)
         except ApiError as error:
             if error.status.code == 410:
                 raise ResourceExpired from error
             raise
+        finally:
+            await reply.aclose()
 
     def _apply(self, kind: str, obj: Any) -> None:
         self.resource_version = _rv(obj)
@@ -206,3 +224,15 @@ def _selector(spec: dict[str, Any] | None, *, fields: bool) -> str | None:
 
     selector: str = build_selector(spec, for_fields=fields)
     return selector
+
+
+class _BookmarkMeta(msgspec.Struct):
+    resourceVersion: str = ""
+
+
+class _Bookmark(msgspec.Struct):
+    metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
+
+
+def _bookmark_version(raw: msgspec.Raw) -> str:
+    return msgspec.json.decode(raw, type=_Bookmark).metadata.resourceVersion
