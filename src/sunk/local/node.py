@@ -149,6 +149,7 @@ class NodeAgent:
         self._tasks = [
             asyncio.create_task(self._heartbeat(), name=f"heartbeat {self.name}"),
             asyncio.create_task(self._watch_pods(), name=f"pods {self.name}"),
+            asyncio.create_task(self._watch_own_node(), name=f"node {self.name}"),
             asyncio.create_task(self._send_events(), name=f"events {self.name}"),
         ]
         _log.info("node %s up at %s", self.name, self.address)
@@ -273,6 +274,15 @@ class NodeAgent:
                 _log.warning("node %s: heartbeat failed: %s", self.name, exc)
 
     # -------------------------------------------------------------- pods
+
+    async def _watch_own_node(self) -> None:
+        """Admission checks node affinity against the Node's current labels, as kubelet
+        does (an admin may label the node after it registered)."""
+        async for event in self.api.own_node():
+            for node in event.objects:
+                labels = node.metadata.labels if node.metadata else None
+                if event.kind != "delete" and labels is not None:
+                    self.labels = dict(labels)
 
     async def _watch_pods(self) -> None:
         async for event in self.api.pods():

@@ -73,6 +73,7 @@ class NodeApi(Protocol):
     async def patch_node_status(self, status: Mapping[str, Any]) -> None: ...
     async def renew_lease(self, duration_seconds: int, node_uid: str | None) -> None: ...
     def pods(self) -> AsyncIterator[WatchEvent]: ...
+    def own_node(self) -> AsyncIterator[WatchEvent]: ...
     async def patch_pod_status(self, pod: Pod, status: Mapping[str, Any]) -> None: ...
     async def delete_pod(self, pod: Pod) -> None: ...
     async def config_map(self, namespace: str, name: str) -> dict[str, bytes] | None: ...
@@ -192,6 +193,16 @@ class KubeNodeApi:
             Pod,
             fields={"spec.nodeName": self.node_name},
             what=f"pods of {self.node_name}",
+        )
+
+    def own_node(self) -> AsyncIterator[WatchEvent]:
+        """This node's Node object, as kubelet watches it (labels for admission)."""
+        return informer(
+            self.client,
+            Node,
+            namespace=None,
+            fields={"metadata.name": self.node_name},
+            what=f"node {self.node_name}",
         )
 
     async def patch_pod_status(self, pod: Pod, status: Mapping[str, Any]) -> None:
