@@ -207,3 +207,18 @@ def test_a_terminating_pod_blocks_its_successor_of_the_same_name() -> None:
     assert result.actions == []
     result = plan(spec(), NEW, owned("a"), {}, slurm(a=drained("a")))
     assert result.actions == [CreatePod("a")]
+
+
+def test_a_failed_pod_is_deleted_at_once_and_recreated_afterwards() -> None:
+    # kubelet refused it (e.g. stale node labels): no slurmd, so no drain, no Slurm check.
+    failed = pods(("a", NEW), ready=False, failed=True)
+    result = plan(spec(), NEW, owned("a"), failed, slurm(a=busy("a")))
+    assert result.actions == [DeletePod("gpu-a", "gpu-a", "the pod failed", confirm=False)]
+    # Once it is gone, the node gets a new pod.
+    assert plan(spec(), NEW, owned("a"), {}, slurm(a=busy("a"))).actions == [CreatePod("a")]
+
+
+def test_a_failed_pod_is_deleted_even_while_slurm_is_stale() -> None:
+    failed = pods(("a", OLD), ready=False, failed=True)
+    result = plan(spec(), NEW, owned("a"), failed, None)
+    assert result.actions == [DeletePod("gpu-a", "gpu-a", "the pod failed", confirm=False)]

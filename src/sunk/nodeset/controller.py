@@ -76,6 +76,7 @@ def _pod_view(pod: Pod) -> PodView:
         revision=labels.get(LABEL_TEMPLATE_HASH, ""),
         ready=ready,
         terminating=pod.metadata.deletionTimestamp is not None,
+        failed=(pod.status.phase if pod.status else None) in ("Failed", "Succeeded"),
     )
 
 
@@ -293,11 +294,13 @@ class NodeSetController:
                 await self._events.emit(
                     obj, "DrainedNode", f"drained Slurm node {name}: {reason}", action="Drain"
                 )
-            case DeletePod(pod=pod_name, slurm_node=name, why=why):
+            case DeletePod(pod=pod_name, slurm_node=name, why=why, confirm=confirm):
                 # The cache may be a moment old: confirm with Slurm itself.
-                if name in (
-                    self._slurm.nodes_with_feature(ref.name) or {}
-                ) and not await self._slurm.drained_and_idle(name):
+                if (
+                    confirm
+                    and name in (self._slurm.nodes_with_feature(ref.name) or {})
+                    and not await self._slurm.drained_and_idle(name)
+                ):
                     return
                 if not await self._delete_pod(ref.namespace, pod_name):
                     return

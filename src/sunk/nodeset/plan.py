@@ -18,6 +18,11 @@ The rules that keep jobs alive:
   by a person (any other reason) outlives updates and restarts.
 - When Slurm's view is stale nothing that depends on it happens: no drain,
   no delete, no resume. Pods for new nodes are still created.
+- A pod that has failed for good (phase Failed: kubelet refused it, e.g. its
+  node's labels had not reached kubelet yet, or it was evicted) runs no
+  slurmd, so no job can run through it: it is deleted at once, without a
+  drain or a Slurm check, and recreated next time, as the DaemonSet
+  controller does.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class PodView:
     revision: str
     ready: bool
     terminating: bool = False
+    failed: bool = False  # phase Failed (or Succeeded): it will never run again
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,9 @@ class Drain:
 @dataclass(frozen=True)
 class DeletePod:
     pod: str
-    slurm_node: str  # confirmed drained and idle by a fresh read first
+    slurm_node: str  # confirmed drained and idle by a fresh read first ...
     why: str
+    confirm: bool = True  # ... unless False: a failed pod, whose slurmd is gone anyway
 
 
 @dataclass(frozen=True)
@@ -120,9 +127,14 @@ def plan(
     `slurm`: its Slurm nodes by name, None while Slurm's view is stale."""
     result = Plan()
     desired = {} if deleting else dict(owned)
-    by_node = {pod.node: pod for pod in pods.values() if not pod.terminating}
     stale = slurm is None
     view = slurm or {}
+
+    # 0. Failed pods go at once: nothing runs in them (see the module's rules).
+    for pod in sorted(pods.values(), key=lambda p: p.name):
+        if pod.failed and not pod.terminating:
+            result.actions.append(DeletePod(pod.name, pod.name, "the pod failed", confirm=False))
+    by_node = {pod.node: pod for pod in pods.values() if not pod.terminating and not pod.failed}
 
     # 1. Every desired node gets its pod.
     for node in sorted(desired):
@@ -131,7 +143,7 @@ def plan(
 
     # 2. Pods on nodes that are no longer desired leave, drained first.
     for pod in sorted(pods.values(), key=lambda p: p.name):
-        if pod.node in desired or pod.terminating:
+        if pod.node in desired or pod.terminating or pod.failed:
             continue
         if stale:
             result.waiting.append(f"{pod.name}: Slurm's view is stale")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
 from sunk.nodeset.plan import SlurmNodeView
 from sunk.slurm.client import SlurmClient
+from sunk.slurm.errors import SlurmNotFoundError
 from sunk.slurm.models import Node
 from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent
 
@@ -83,5 +85,8 @@ class SlurmPortForNodeSets:
         return True
 
     async def delete_node(self, name: str) -> None:
-        await self._client.delete_node(name)
+        # Gone already (a previous reconcile deleted it and the view has not
+        # polled since): that is what was wanted.
+        with contextlib.suppress(SlurmNotFoundError):
+            await self._client.delete_node(name)
         self._view.poll_now()

@@ -1,0 +1,254 @@
+"""Benchmark: a NodeSet over N local nodes, with the real Slurm and the controller in-process.
+
+    sudo .venv/bin/python bench/nodeset.py [--nodes 50] [--max-unavailable 10%]
+
+Starts its own bed in a fresh state directory (control plane; the local
+runtime with N nodes as `sunk local nodes` in a child process; a Slurm without
+static nodes, configless, controller at the runtime's gateway, with a
+partition over the NodeSet), runs the NodeSet controller in this process with
+the real Slurm port (SlurmClient + SlurmView), and prints:
+
+- time from creating the NodeSet to every Slurm node idle (and every pod Ready);
+- time for a full rolling update of idle nodes (template change until every
+  pod is of the new revision, Ready, and idle and undrained in Slurm);
+- this process's CPU time and memory over each phase (the controller is most
+  of what runs here; the benchmark's own polling is one `sinfo` subprocess and
+  one GET every 0.5 s), and the peak of Python allocations (tracemalloc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service, ServiceAccount
+from lightkube.resources.discovery_v1 import EndpointSlice
+from lightkube.types import PatchType
+
+sys.path.insert(0, str(Path(__file__).parent))
+from local_runtime import spawn_runtime, wait_nodes
+from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
+from sunk.api import nodeset as api
+from sunk.api.install import install_crds
+from sunk.local import slurmpods
+from sunk.local.port import build
+from sunk.nodeset.controller import NodeSetController
+from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
+from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.view import SlurmView
+from sunk.testbed.kube import KubeControlPlane, async_client
+from sunk.testbed.procs import Supervisor
+from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+
+NAMESPACE = "bench"
+NAME = "compute"
+
+
+def template(ctld_port: int, marker: str) -> dict[str, Any]:
+    pod = slurmpods.slurmd_pod("x", "x", ctld_port, grace=2)
+    spec = pod["spec"]
+    spec.pop("nodeName", None)
+    slurmd = spec["containers"][0]
+    slurmd["command"] = [
+        "sh",
+        "-c",
+        f'exec slurmd -D -Z -N "$SLURMD_NODENAME" --conf-server {slurmpods.SERVICE}:{ctld_port}'
+        ' --conf "$SLURMD_CONF"',
+    ]
+    slurmd["env"] = [*slurmd["env"], {"name": "MARKER", "value": marker}]
+    return {"metadata": {"labels": {"app": "slurmd"}}, "spec": spec}
+
+
+def slurm_states(cluster: SlurmCluster) -> dict[str, str]:
+    out = cluster.run(["sinfo", "-h", "-N", "-p", NAME, "-o", "%N %t"], check=False, timeout=30)
+    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+
+
+def usage() -> tuple[float, float]:
+    """(cpu seconds of this process, max RSS MiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime, own.ru_maxrss / 1024
+
+
+async def wait_settled(
+    kube: AsyncClient, cluster: SlurmCluster, count: int, revision: str | None, limit: float
+) -> float:
+    started = time.monotonic()
+    while True:
+        pods = [p async for p in kube.list(Pod, namespace=NAMESPACE, labels={LABEL_NODESET: NAME})]
+        ready = sum(
+            1
+            for p in pods
+            if any(
+                c.type == "Ready" and c.status == "True"
+                for c in (p.status.conditions if p.status else None) or []
+            )
+            and (revision is None or p.metadata.labels[LABEL_TEMPLATE_HASH] == revision)  # type: ignore[union-attr]
+        )
+        if ready == count:
+            states = await asyncio.to_thread(slurm_states, cluster)
+            if len(states) == count and all(s == "idle" for s in states.values()):
+                return time.monotonic() - started
+        if time.monotonic() - started > limit:
+            raise TimeoutError(f"{ready}/{count} pods ready after {limit}s")
+        await asyncio.sleep(0.5)
+
+
+async def bench(nodes: int, max_unavailable: str) -> None:
+    state = Path(tempfile.mkdtemp(prefix="sunk-bench-ns-", dir="/tmp"))
+    supervisor = Supervisor(state)
+    control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)
+    cluster: SlurmCluster | None = None
+    runtime: subprocess.Popen[bytes] | None = None
+    kube: AsyncClient | None = None
+    controller_task: asyncio.Task[None] | None = None
+    rootfs = ensure_rootfs()
+    try:
+        access = control_plane.start()
+        names = [f"bench-{i}" for i in range(1, nodes + 1)]
+        runtime = spawn_runtime(
+            [
+                str(Path(sys.executable).parent / "sunk"),
+                "local",
+                "nodes",
+                "--state",
+                str(state),
+                "--count",
+                str(nodes),
+                "--prefix",
+                "bench-",
+                "--cpu",
+                "2",
+                "--memory",
+                "4Gi",
+            ],
+            state / "runtime.log",
+        )
+        kube = async_client(access.admin_kubeconfig, field_manager="bench")
+        await wait_nodes(kube, names, 120)
+        network = json.loads((state / "nodes" / "network.json").read_text())
+        gateway = str(next(ipaddress.ip_network(network["subnet"]).hosts()))
+        cluster = SlurmCluster(
+            state,
+            supervisor,
+            rootfs,
+            nodes=0,
+            controller_address=gateway,
+            extra_conf=[
+                "SlurmctldParameters=enable_configless",
+                f"NodeSet={NAME} Feature={NAME}",
+                f"PartitionName={NAME} Nodes={NAME} MaxTime=INFINITE State=UP",
+            ],
+        )
+        slurm = await asyncio.to_thread(cluster.start)
+        await install_crds(kube)
+        await kube.create(build(Namespace, {"metadata": {"name": NAMESPACE}}))
+        while True:
+            try:
+                await kube.get(ServiceAccount, "default", namespace=NAMESPACE)
+                break
+            except ApiError:
+                await asyncio.sleep(0.1)
+        port = slurm.slurmctld_port
+        await kube.create(build(Secret, slurmpods.munge_secret(NAMESPACE, slurm.munge_key)))
+        await kube.create(build(Service, slurmpods.controller_service(NAMESPACE, port)))
+        await kube.create(
+            build(EndpointSlice, slurmpods.controller_endpoints(NAMESPACE, gateway, port))
+        )
+
+        tracemalloc.start()
+        cpu0, _ = usage()
+        client = SlurmClient(slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root"))
+        view = SlurmView(client, watch_jobs=False)
+        await view.start()
+        port_ = SlurmPortForNodeSets(client, view)
+        controller = NodeSetController(kube, port_, namespace=NAMESPACE)
+
+        async def run_controller() -> None:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(port_.run())
+                group.create_task(controller.run())
+
+        controller_task = asyncio.create_task(run_controller())
+        NodeSet = api.resource()
+        body = {
+            "metadata": {"name": NAME},
+            "spec": {
+                "template": template(port, "v1"),
+                "updateStrategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": max_unavailable},
+                },
+            },
+        }
+        t = time.monotonic()
+        await kube.create(NodeSet(body), namespace=NAMESPACE)
+        await wait_settled(kube, cluster, nodes, None, 900)
+        created_s = time.monotonic() - t
+        cpu1, rss1 = usage()
+        _, heap1 = tracemalloc.get_traced_memory()
+
+        await asyncio.sleep(10)
+        cpu2, _ = usage()
+
+        patch = {"spec": {"template": template(port, "v2")}}
+        t = time.monotonic()
+        await kube.patch(NodeSet, NAME, patch, namespace=NAMESPACE, patch_type=PatchType.MERGE)
+        await asyncio.sleep(1)
+        obj = await kube.get(NodeSet, NAME, namespace=NAMESPACE)
+        revision = obj["status"]["templateHash"]
+        await wait_settled(kube, cluster, nodes, revision, 1800)
+        rolled_s = time.monotonic() - t
+        cpu3, rss3 = usage()
+        _, heap3 = tracemalloc.get_traced_memory()
+
+        print(f"\nNodeSet over {nodes} local nodes (maxUnavailable {max_unavailable}), 2 cores:")
+        print(f"  creation → all {nodes} Slurm nodes idle     {created_s:7.1f} s")
+        print(f"  full rolling update, idle nodes          {rolled_s:7.1f} s")
+        print("controller process (in-process controller + benchmark polling):")
+        print(f"  cpu, creation phase                      {cpu1 - cpu0:7.1f} s")
+        print(f"  cpu, 10 s steady state                   {cpu2 - cpu1:7.2f} s")
+        print(f"  cpu, rolling update                      {cpu3 - cpu2:7.1f} s")
+        print(f"  max rss after creation / after update    {rss1:.0f} / {rss3:.0f} MiB")
+        print(f"  python heap peak (tracemalloc)           {max(heap1, heap3) / 2**20:.1f} MiB")
+        print(f"  slurmrestd requests                      {client.stats!r}")
+    finally:
+        if controller_task is not None:
+            controller_task.cancel()
+        if kube is not None:
+            await kube.close()
+        if runtime is not None and runtime.poll() is None:
+            runtime.send_signal(signal.SIGTERM)
+            runtime.wait(120)
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
+        supervisor.stop_all()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--max-unavailable", default="10%")
+    args = parser.parse_args()
+    asyncio.run(bench(args.nodes, args.max_unavailable))
+
+
+if __name__ == "__main__":
+    main()
