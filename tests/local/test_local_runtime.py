@@ -34,7 +34,6 @@ from lightkube.resources.core_v1 import (
     Secret,
     Service,
 )
-from lightkube.resources.discovery_v1 import EndpointSlice
 from typer.testing import CliRunner
 
 from plugins.local import LocalBed, local_bed, wait_for
@@ -194,13 +193,7 @@ async def test_each_node_has_its_own_restricted_identity(bed: LocalBed) -> None:
 
 
 async def test_slurmd_pods_register_as_dynamic_nodes_and_run_srun(bed: LocalBed) -> None:
-    access = bed.cluster.access()
-    ns, port = bed.namespace, access.slurmctld_port
-    await bed.kube.create(build(Secret, slurmpods.munge_secret(ns, access.munge_key)))
-    await bed.kube.create(build(Service, slurmpods.controller_service(ns, port)))
-    await bed.kube.create(
-        build(EndpointSlice, slurmpods.controller_endpoints(ns, bed.runtime.gateway, port))
-    )
+    ns, port = bed.namespace, await bed.serve_slurm_to_pods()
     started = time.monotonic()
     names = [f"slurmd-{i}" for i in range(1, 4)]
     for name, node in zip(names, bed.nodes, strict=True):

@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,17 +22,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, Service, ServiceAccount
-from lightkube.resources.discovery_v1 import EndpointSlice
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
+from plugins.local import local_bed
 from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
 from sunk.api import nodeset as api
 from sunk.api.install import install_crds
 from sunk.local import slurmpods
 from sunk.local.node import NodeConfig
-from sunk.local.port import build
-from sunk.local.runtime import ControlPlaneIdentities, LocalRuntime, RuntimeConfig
+from sunk.local.runtime import LocalRuntime
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.plan import REASON_PREFIX
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
@@ -43,8 +39,7 @@ from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 from sunk.testbed.kube import KubeAccess, KubeControlPlane
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.testbed
 NodeSet = api.resource()
@@ -223,66 +218,34 @@ async def bed(
     if kube_control_plane is None:
         pytest.skip("the local runtime needs the bed's own CA to mint node identities")
     await install_crds(kube)
-    rootfs = await asyncio.to_thread(ensure_rootfs)
-    state = Path(tempfile.mkdtemp(prefix="sunk-ns-", dir="/tmp"))
-    tag = secrets.token_hex(2)
-    names = [f"ns{tag}-{i}" for i in range(1, 6)]
-    nodes = [
-        NodeConfig(name, cpu="2", memory="2Gi", labels={POOL: tag} if i < 4 else {})
-        for i, name in enumerate(names)
+    tags: list[str] = []
+
+    def nodes(tag: str) -> list[NodeConfig]:
+        tags.append(tag)
+        names = [f"ns{tag}-{i}" for i in range(1, 6)]
+        return [
+            NodeConfig(name, cpu="2", memory="2Gi", labels={POOL: tag} if i < 4 else {})
+            for i, name in enumerate(names)
+        ]
+
+    extra_conf = [
+        f"NodeSet={NAME} Feature={NAME}",
+        f"PartitionName={NAME} Nodes={NAME} MaxTime=INFINITE State=UP",
     ]
-    config = RuntimeConfig(
-        state_dir=state / "nodes",
-        rootfs=rootfs,
-        nodes=nodes,
-        backoff_initial=0.5,
-        backoff_max=2.0,
-        volume_refresh=0.5,
-        stop_grace=2.0,
-    )
-    runtime = LocalRuntime(
-        config, ControlPlaneIdentities(kube_control_plane, kube_access.admin_kubeconfig)
-    )
-    cluster = SlurmCluster(
-        state,
-        Supervisor(state),
-        rootfs,
-        nodes=0,
-        controller_address="127.0.0.1",  # the gateway, once known
-        extra_conf=[
-            "SlurmctldParameters=enable_configless",
-            f"NodeSet={NAME} Feature={NAME}",
-            f"PartitionName={NAME} Nodes={NAME} MaxTime=INFINITE State=UP",
-        ],
-    )
-    namespace = f"t-nodeset-e2e-{tag}"
-    operator: Operator | None = None
-    try:
-        await runtime.start()
-        cluster.controller_address = runtime.gateway
-        access = await asyncio.to_thread(cluster.start)
-        await kube.create(build(Namespace, {"metadata": {"name": namespace}}))
-
-        async def has_account() -> bool:
-            try:
-                await kube.get(ServiceAccount, "default", namespace=namespace)
-                return True
-            except ApiError:
-                return False
-
-        await wait_for("the default ServiceAccount", has_account)
-        port = access.slurmctld_port
-        await kube.create(build(Secret, slurmpods.munge_secret(namespace, access.munge_key)))
-        await kube.create(build(Service, slurmpods.controller_service(namespace, port)))
-        await kube.create(
-            build(EndpointSlice, slurmpods.controller_endpoints(namespace, runtime.gateway, port))
-        )
+    async with local_bed(
+        kube_control_plane, kube_access, kube, nodes, prefix="t-nodeset-e2e", extra_conf=extra_conf
+    ) as local:
+        namespace = local.namespace
+        port = await local.serve_slurm_to_pods()
+        access = local.cluster.access()
         operator = Operator(kube, access.restd_url, access.jwt_key, namespace)
         operator.start()
-        yield Bed(runtime, cluster, kube, namespace, names, operator, port, tag)
-    finally:
         try:
-            if operator is not None and not operator.crashed():
+            yield Bed(
+                local.runtime, local.cluster, kube, namespace, local.nodes, operator, port, tags[0]
+            )
+        finally:
+            if not operator.crashed():
                 # Deleting the NodeSet drains its nodes, deletes its pods and
                 # removes its Slurm records: the controller must see it through.
                 with contextlib.suppress(ApiError):
@@ -295,15 +258,7 @@ async def bed(
 
                 with contextlib.suppress(AssertionError):
                     await wait_for("the NodeSets to be gone", gone, timeout=40)
-            if operator is not None:
-                await operator.stop()
-            await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
-            await kube.delete(Namespace, namespace)
-        except ApiError:
-            pass
-        await runtime.stop(delete_nodes=True)
-        await asyncio.to_thread(cluster.stop)
-        shutil.rmtree(state, ignore_errors=True)
+            await operator.stop()
 
 
 class DrainWatch:

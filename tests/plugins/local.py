@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
+from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service, ServiceAccount
+from lightkube.resources.discovery_v1 import EndpointSlice
 
+from sunk.local import slurmpods
 from sunk.local.logs import find_log
 from sunk.local.node import NodeConfig
 from sunk.local.port import build
@@ -42,6 +44,18 @@ class LocalBed:
     def log(self, pod: str, container: str | None = None, previous: bool = False) -> str:
         found = find_log(self.runtime.pods_dir(), self.namespace, pod, container, previous)
         return found.path.read_text(errors="replace")
+
+    async def serve_slurm_to_pods(self) -> int:
+        """What slurmd pods need in the namespace: the munge key Secret and the
+        `slurmctld` Service with its endpoint at the gateway. Returns the port."""
+        access = self.cluster.access()
+        ns, port = self.namespace, access.slurmctld_port
+        await self.kube.create(build(Secret, slurmpods.munge_secret(ns, access.munge_key)))
+        await self.kube.create(build(Service, slurmpods.controller_service(ns, port)))
+        await self.kube.create(
+            build(EndpointSlice, slurmpods.controller_endpoints(ns, self.runtime.gateway, port))
+        )
+        return port
 
 
 async def wait_for(what: str, check: Callable[[], Awaitable[bool]], timeout: float = 20) -> None:

@@ -390,7 +390,9 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
 
 async def test_submit_read_update_signal_cancel(slurm: SlurmClient, bed: Bed) -> None:
     spec = sleeper(
-        script="#!/bin/sh\ntrap 'echo got-usr1' USR1\nwhile true; do sleep 0.2; done\n",
+        script=(
+            "#!/bin/sh\ntrap 'echo got-usr1' USR1\necho trapped\nwhile true; do sleep 0.2; done\n"
+        ),
         standard_output="/tmp/sunk-port-%j.out",
         comment="sunk-port",
     )
@@ -418,8 +420,15 @@ async def test_submit_read_update_signal_cancel(slurm: SlurmClient, bed: Bed) ->
         assert job is not None
         assert (job.comment, job.time_limit) == ("updated", 9)
 
-        await slurm.signal(submitted.job_id, "SIGUSR1", full=True)
         output = bed.cluster.tmp / f"sunk-port-{submitted.job_id}.out"
+
+        # RUNNING in Slurm comes before the script has set its trap; a USR1
+        # before that would kill it (the default action), not be caught.
+        async def trapped() -> bool:
+            return output.exists() and "trapped" in output.read_text()
+
+        await eventually("the batch script to set its trap", trapped)
+        await slurm.signal(submitted.job_id, "SIGUSR1", full=True)
 
         async def delivered() -> bool:
             return output.exists() and "got-usr1" in output.read_text()

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node, Pod, Secret, Service
-from lightkube.resources.discovery_v1 import EndpointSlice
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from plugins.local import LocalBed, local_bed, wait_for
@@ -54,12 +53,7 @@ async def sync_bed(
 
     async with local_bed(kube_control_plane, kube_access, kube, nodes, prefix="t-sync") as bed:
         access = bed.cluster.access()
-        ns, port = bed.namespace, access.slurmctld_port
-        await kube.create(build(Secret, slurmpods.munge_secret(ns, access.munge_key)))
-        await kube.create(build(Service, slurmpods.controller_service(ns, port)))
-        await kube.create(
-            build(EndpointSlice, slurmpods.controller_endpoints(ns, bed.runtime.gateway, port))
-        )
+        ns, port = bed.namespace, await bed.serve_slurm_to_pods()
         pods = {}
         for node in bed.nodes:
             name = f"slurmd-{node}"
