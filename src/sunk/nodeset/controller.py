@@ -175,7 +175,9 @@ class NodeSetController:
             return None
 
         revision = template_hash(spec)
-        assignment = self._assign()
+        # Every NodeSet's feasible nodes: parsed and evaluated once per reconcile.
+        feasible_nodes = self._feasible_by_claimant()
+        assignment = self._assign(feasible_nodes)
         me = self._claimant(obj)
         build_errors: dict[str, str] = {}
         owned: dict[str, str] = {}
@@ -193,7 +195,7 @@ class NodeSetController:
             if view.name and self._owned_by(view.name, namespace, name)
         }
         slurm = self._slurm.nodes_with_feature(name)
-        feasible_count = len(self._feasible_by_claimant().get(me, []))
+        feasible_count = len(feasible_nodes.get(me, []))
         result = plan(
             spec, revision, owned, pods, slurm, deleting=deleting, feasible=feasible_count
         )
@@ -247,7 +249,7 @@ class NodeSetController:
             ]
         return result
 
-    def _assign(self) -> Assignment:
+    def _assign(self, feasible_nodes: dict[Claimant, list[str]]) -> Assignment:
         current: dict[str, Claimant] = {}
         sets = {
             (o["metadata"]["namespace"], o["metadata"]["name"]): self._claimant(o)
@@ -259,7 +261,7 @@ class NodeSetController:
             claimant = sets.get((pod.metadata.namespace if pod.metadata else "", owner or ""))
             if claimant is not None and view.node and not view.terminating:
                 current[view.node] = claimant
-        return assign(self._feasible_by_claimant(), current)
+        return assign(feasible_nodes, current)
 
     # -- actions
 
