@@ -31,7 +31,6 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service, ServiceAccount
@@ -56,21 +55,6 @@ from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
 
 NAMESPACE = "bench"
 NAME = "compute"
-
-
-def template(ctld_port: int, marker: str) -> dict[str, Any]:
-    pod = slurmpods.slurmd_pod("x", "x", ctld_port, grace=2)
-    spec = pod["spec"]
-    spec.pop("nodeName", None)
-    slurmd = spec["containers"][0]
-    slurmd["command"] = [
-        "sh",
-        "-c",
-        f'exec slurmd -D -Z -N "$SLURMD_NODENAME" --conf-server {slurmpods.SERVICE}:{ctld_port}'
-        ' --conf "$SLURMD_CONF"',
-    ]
-    slurmd["env"] = [*slurmd["env"], {"name": "MARKER", "value": marker}]
-    return {"metadata": {"labels": {"app": "slurmd"}}, "spec": spec}
 
 
 def slurm_states(cluster: SlurmCluster) -> dict[str, str]:
@@ -188,7 +172,7 @@ async def bench(nodes: int, max_unavailable: str) -> None:
         body = {
             "metadata": {"name": NAME},
             "spec": {
-                "template": template(port, "v1"),
+                "template": slurmpods.nodeset_template(port, "v1"),
                 "updateStrategy": {
                     "type": "RollingUpdate",
                     "rollingUpdate": {"maxUnavailable": max_unavailable},
@@ -205,7 +189,7 @@ async def bench(nodes: int, max_unavailable: str) -> None:
         await asyncio.sleep(10)
         cpu2, _ = usage()
 
-        patch = {"spec": {"template": template(port, "v2")}}
+        patch = {"spec": {"template": slurmpods.nodeset_template(port, "v2")}}
         t = time.monotonic()
         await kube.patch(NodeSet, NAME, patch, namespace=NAMESPACE, patch_type=PatchType.MERGE)
         await asyncio.sleep(1)

@@ -161,22 +161,6 @@ def is_ready(pod: Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
-def template(ctld_port: int, marker: str = "v1") -> dict[str, Any]:
-    """A NodeSet slurmd template: the local runtime's slurmd pod, identity from the controller."""
-    pod = slurmpods.slurmd_pod("x", "x", ctld_port, grace=2)
-    spec = pod["spec"]
-    spec.pop("nodeName", None)
-    slurmd = spec["containers"][0]
-    slurmd["command"] = [
-        "sh",
-        "-c",
-        f'exec slurmd -D -Z -N "$SLURMD_NODENAME" --conf-server {slurmpods.SERVICE}:{ctld_port}'
-        ' --conf "$SLURMD_CONF"',
-    ]
-    slurmd["env"] = [*slurmd["env"], {"name": "MARKER", "value": marker}]
-    return {"metadata": {"labels": {"app": "slurmd"}}, "spec": spec}
-
-
 async def settled(bed: Bed, count: int) -> bool:
     """`count` current pods, all Ready, all idle and undrained (by us) in Slurm, status says so."""
     why = await unsettled(bed, count)
@@ -294,7 +278,7 @@ class DrainWatch:
 async def set_template(bed: Bed, marker: str, max_unavailable: int | str = 1) -> None:
     patch = {
         "spec": {
-            "template": template(bed.ctld_port, marker),
+            "template": slurmpods.nodeset_template(bed.ctld_port, marker),
             "updateStrategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxUnavailable": max_unavailable},
@@ -326,9 +310,9 @@ async def test_a_nodeset_over_four_nodes_gives_four_idle_slurm_nodes_and_grows(b
             "metadata": {"name": NAME},
             "spec": {
                 "template": {
-                    **template(bed.ctld_port),
+                    **slurmpods.nodeset_template(bed.ctld_port),
                     "spec": {
-                        **template(bed.ctld_port)["spec"],
+                        **slurmpods.nodeset_template(bed.ctld_port)["spec"],
                         "nodeSelector": {POOL: bed.tag},
                     },
                 },
@@ -437,9 +421,9 @@ async def test_two_nodesets_on_one_node_yield_one_pod_and_a_condition(bed: Bed) 
             "metadata": {"name": "rival"},
             "spec": {
                 "template": {
-                    **template(bed.ctld_port),
+                    **slurmpods.nodeset_template(bed.ctld_port),
                     "spec": {
-                        **template(bed.ctld_port)["spec"],
+                        **slurmpods.nodeset_template(bed.ctld_port)["spec"],
                         "nodeSelector": {"kubernetes.io/hostname": bed.nodes[4]},
                     },
                 },

@@ -156,5 +156,23 @@ def slurmd_pod(
     }
 
 
+def nodeset_template(ctld_port: int, marker: str = "v1") -> dict[str, Any]:
+    """A NodeSet pod template from `slurmd_pod`: slurmd takes its identity (name,
+    --conf line) from the NodeSet controller's SLURMD_NODENAME and SLURMD_CONF;
+    `marker` is an env var whose change makes a new revision."""
+    pod = slurmd_pod("x", "x", ctld_port, grace=2)
+    spec = pod["spec"]
+    spec.pop("nodeName", None)
+    slurmd = spec["containers"][0]
+    slurmd["command"] = [
+        "sh",
+        "-c",
+        f'exec slurmd -D -Z -N "$SLURMD_NODENAME" --conf-server {SERVICE}:{ctld_port}'
+        ' --conf "$SLURMD_CONF"',
+    ]
+    slurmd["env"] = [*slurmd["env"], {"name": "MARKER", "value": marker}]
+    return {"metadata": {"labels": {"app": "slurmd"}}, "spec": spec}
+
+
 def _pod_name_env() -> dict[str, Any]:
     return {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
