@@ -9,9 +9,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightkube import AsyncClient, KubeConfig
-
 from sunk.api.install import install_crds
+from sunk.kube.client import kube_client
 from sunk.kube.leader import LeaderElector
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
@@ -37,14 +36,9 @@ class OperatorConfig:
     workers: int = 4
 
 
-def kube_client(kubeconfig: Path | None) -> AsyncClient:
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-    return AsyncClient(config, field_manager="sunk-operator")
-
-
 async def run_operator(config: OperatorConfig) -> None:
     identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
-    kube = kube_client(config.kubeconfig)
+    kube = kube_client(config.kubeconfig, "sunk-operator")
     credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
     async with SlurmClient(config.slurmrestd_url, credentials) as slurm:
         view = SlurmView(slurm, watch_jobs=False)

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from sunk.api import DOMAIN, LABEL_NODESET, LABEL_TEMPLATE_HASH
 from sunk.api import nodeset as api
 from sunk.api.conditions import same_conditions, set_condition
+from sunk.kube.client import pod_ready
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer, key_of
 from sunk.kube.raw import delete_pod
@@ -67,14 +68,12 @@ def _format_validation(error: ValidationError) -> str:
 def _pod_view(pod: Pod) -> PodView:
     assert pod.metadata is not None
     labels = pod.metadata.labels or {}
-    conditions = (pod.status.conditions if pod.status else None) or []
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     node = (pod.spec.nodeName if pod.spec else None) or labels.get(f"{DOMAIN}/node", "")
     return PodView(
         name=pod.metadata.name or "",
         node=node,
         revision=labels.get(LABEL_TEMPLATE_HASH, ""),
-        ready=ready,
+        ready=pod_ready(pod),
         terminating=pod.metadata.deletionTimestamp is not None,
         failed=(pod.status.phase if pod.status else None) in ("Failed", "Succeeded"),
     )

@@ -25,6 +25,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
+from sunk.kube.client import pod_ready
 from sunk.kube.informer import Event, Informer
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
 from sunk.slurm.client import SlurmClient
@@ -65,10 +66,9 @@ def kube_node_state(node: Node, watched_conditions: Sequence[str]) -> KubeNodeSt
 
 
 def pod_state(pod: Pod) -> SlurmdPodState:
-    conditions = (pod.status.conditions if pod.status else None) or []
     return SlurmdPodState(
         name=(pod.metadata.name if pod.metadata else None) or "",
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+        ready=pod_ready(pod),
         terminating=bool(pod.metadata and pod.metadata.deletionTimestamp),
     )
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from prometheus_client import start_http_server
 
+from sunk.kube.client import kube_client
 from sunk.kube.leader import LeaderElector
-from sunk.operator import kube_client
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
@@ -41,7 +41,7 @@ async def run_syncer(config: SyncerConfig) -> None:
     metrics = SyncerMetrics()
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, registry=metrics.registry)
-    kube = kube_client(config.kubeconfig)
+    kube = kube_client(config.kubeconfig, "sunk-syncer")
     credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
     async with (
         SlurmClient(config.slurmrestd_url, credentials) as slurm,
