@@ -34,6 +34,44 @@ StateOption = Annotated[
 ]
 
 
+# Options every component that talks to Slurm and Kubernetes takes.
+SlurmrestdOption = Annotated[
+    str, typer.Option("--slurmrestd", envvar="SUNK_SLURMRESTD_URL", help="slurmrestd base URL.")
+]
+JwtKeyOption = Annotated[
+    Path,
+    typer.Option(
+        "--jwt-key",
+        envvar="SUNK_JWT_KEY_FILE",
+        help="The cluster's HS256 jwt key (a mounted Secret).",
+    ),
+]
+SlurmUserOption = Annotated[
+    str,
+    typer.Option("--slurm-user", envvar="SUNK_SLURM_USER", help="Slurm user the tokens name."),
+]
+KubeconfigOption = Annotated[
+    Path | None,
+    typer.Option("--kubeconfig", envvar="KUBECONFIG", help="Default: the pod's service account."),
+]
+LeaseNamespaceOption = Annotated[
+    str,
+    typer.Option(
+        "--lease-namespace", envvar="POD_NAMESPACE", help="Namespace of the leader Lease."
+    ),
+]
+VerboseOption = Annotated[bool, typer.Option("-v", "--verbose")]
+
+
+def _component_logging(verbose: bool) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
 def _log(message: str) -> None:
     console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
 
@@ -54,40 +92,22 @@ def version() -> None:
 
 @app.command()
 def operator(
-    slurmrestd: Annotated[
-        str, typer.Option(envvar="SUNK_SLURMRESTD_URL", help="slurmrestd base URL.")
-    ],
-    jwt_key: Annotated[
-        Path,
-        typer.Option(
-            envvar="SUNK_JWT_KEY_FILE", help="The cluster's HS256 jwt key (a mounted Secret)."
-        ),
-    ],
-    slurm_user: Annotated[
-        str, typer.Option(envvar="SUNK_SLURM_USER", help="Slurm user the tokens name.")
-    ] = "slurm",
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(envvar="KUBECONFIG", help="Default: the pod's service account."),
-    ] = None,
+    slurmrestd: SlurmrestdOption,
+    jwt_key: JwtKeyOption,
+    slurm_user: SlurmUserOption = "slurm",
+    kubeconfig: KubeconfigOption = None,
     namespace: Annotated[
         str | None, typer.Option(help="Watch one namespace (default: all).")
     ] = None,
-    lease_namespace: Annotated[
-        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the leader Lease.")
-    ] = "default",
-    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    lease_namespace: LeaseNamespaceOption = "default",
+    verbose: VerboseOption = False,
 ) -> None:
     """Run the NodeSet controller (leader-elected)."""
     import asyncio
-    import logging
 
     from sunk.operator import OperatorConfig, run_operator
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _component_logging(verbose)
     config = OperatorConfig(
         slurmrestd_url=slurmrestd,
         jwt_key_file=jwt_key,
@@ -101,19 +121,10 @@ def operator(
 
 @app.command()
 def syncer(
-    slurmrestd: Annotated[
-        str, typer.Option(envvar="SUNK_SLURMRESTD_URL", help="slurmrestd base URL.")
-    ],
-    jwt_key: Annotated[
-        Path, typer.Option(envvar="SUNK_JWT_KEY_FILE", help="The cluster's HS256 jwt key.")
-    ],
-    slurm_user: Annotated[
-        str, typer.Option(envvar="SUNK_SLURM_USER", help="Slurm user the tokens name.")
-    ] = "slurm",
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(envvar="KUBECONFIG", help="Default: the pod's service account."),
-    ] = None,
+    slurmrestd: SlurmrestdOption,
+    jwt_key: JwtKeyOption,
+    slurm_user: SlurmUserOption = "slurm",
+    kubeconfig: KubeconfigOption = None,
     namespace: Annotated[
         str | None, typer.Option(help="Namespace of the slurmd pods (default: all).")
     ] = None,
@@ -127,20 +138,13 @@ def syncer(
     metrics_port: Annotated[
         int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
     ] = 9090,
-    lease_namespace: Annotated[
-        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the leader Lease.")
-    ] = "default",
-    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    lease_namespace: LeaseNamespaceOption = "default",
+    verbose: VerboseOption = False,
 ) -> None:
     """Keep Kubernetes and Slurm in step about every node (leader-elected)."""
-    import logging
-
     from sunk.syncer.run import SyncerConfig, main
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _component_logging(verbose)
     main(
         SyncerConfig(
             slurmrestd_url=slurmrestd,
