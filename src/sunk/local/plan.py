@@ -522,20 +522,31 @@ def _downward_files(
     return files
 
 
+def _object_files(
+    fetched: Fetched,
+    kind: str,
+    name: str,
+    items: Sequence[KeyToPath] | None,
+    mode: int,
+    optional: bool | None,
+) -> FileMap:
+    """The keys of a ConfigMap or Secret as files (a volume, or a projected source)."""
+    data = _required(fetched.data(kind, name), kind, name, bool(optional))
+    return _project_keys(data, items, mode, f"{kind.lower()} {name!r}", bool(optional))
+
+
 def volume_files(volume: Volume, pod: Pod, fetched: Fetched, ctx: PodContext) -> FileMap | None:
     """Files of a ConfigMap, Secret, downwardAPI or projected volume; None for other kinds."""
     if volume.configMap:
         src = volume.configMap
-        name = src.name or ""
         mode = src.defaultMode if src.defaultMode is not None else DEFAULT_FILE_MODE
-        data = _required(fetched.data("ConfigMap", name), "ConfigMap", name, bool(src.optional))
-        return _project_keys(data, src.items, mode, f"configmap {name!r}", bool(src.optional))
+        return _object_files(fetched, "ConfigMap", src.name or "", src.items, mode, src.optional)
     if volume.secret:
         src2 = volume.secret
-        name = src2.secretName or ""
         mode = src2.defaultMode if src2.defaultMode is not None else DEFAULT_FILE_MODE
-        data = _required(fetched.data("Secret", name), "Secret", name, bool(src2.optional))
-        return _project_keys(data, src2.items, mode, f"secret {name!r}", bool(src2.optional))
+        return _object_files(
+            fetched, "Secret", src2.secretName or "", src2.items, mode, src2.optional
+        )
     if volume.downwardAPI:
         src3 = volume.downwardAPI
         mode = src3.defaultMode if src3.defaultMode is not None else DEFAULT_FILE_MODE
@@ -547,25 +558,13 @@ def volume_files(volume: Volume, pod: Pod, fetched: Fetched, ctx: PodContext) ->
         for source in proj.sources or []:
             if source.configMap:
                 cm = source.configMap
-                data = _required(
-                    fetched.data("ConfigMap", cm.name or ""),
-                    "ConfigMap",
-                    cm.name or "",
-                    bool(cm.optional),
-                )
                 files.update(
-                    _project_keys(data, cm.items, mode, f"configmap {cm.name!r}", bool(cm.optional))
+                    _object_files(fetched, "ConfigMap", cm.name or "", cm.items, mode, cm.optional)
                 )
             elif source.secret:
                 sec = source.secret
-                data = _required(
-                    fetched.data("Secret", sec.name or ""),
-                    "Secret",
-                    sec.name or "",
-                    bool(sec.optional),
-                )
                 files.update(
-                    _project_keys(data, sec.items, mode, f"secret {sec.name!r}", bool(sec.optional))
+                    _object_files(fetched, "Secret", sec.name or "", sec.items, mode, sec.optional)
                 )
             elif source.downwardAPI:
                 files.update(_downward_files(pod, source.downwardAPI.items, mode, ctx))
