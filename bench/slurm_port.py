@@ -42,19 +42,16 @@ from sunk.slurm.conf import (
 )
 from sunk.slurm.hostlist import compress
 from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import CONTROLLER_HOST, ConfLayout, SlurmCluster, ensure_rootfs
+from sunk.testbed.slurm import (
+    CONTROLLER_HOST,
+    SANDBOX_SETTINGS,
+    ConfLayout,
+    SlurmCluster,
+    ensure_rootfs,
+)
 
 BED_SETTINGS: dict[str, str | int] = {
-    "SlurmctldPidFile": "/run/slurmctld.pid",
-    "SlurmdPidFile": "/run/slurmd-%n.pid",
-    "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
-    "SlurmdLogFile": "/var/log/slurm/slurmd-%n.log",
-    "ProctrackType": "proctrack/linuxproc",
-    "TaskPlugin": "task/none",
-    "JobAcctGatherType": "jobacct_gather/none",
-    "MpiDefault": "none",
-    "MailProg": "/bin/true",
-    "SlurmdParameters": "config_overrides",
+    **SANDBOX_SETTINGS,
     "SlurmdTimeout": 300,  # Slurm's default: the simulated nodes are not timed out mid-run
     "MessageTimeout": 5,
 }

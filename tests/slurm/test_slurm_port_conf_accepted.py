@@ -37,7 +37,13 @@ from sunk.slurm.conf import (
     tree_from_labels,
 )
 from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import CONTROLLER_HOST, ConfLayout, SlurmCluster, ensure_rootfs
+from sunk.testbed.slurm import (
+    CONTROLLER_HOST,
+    SANDBOX_SETTINGS,
+    ConfLayout,
+    SlurmCluster,
+    ensure_rootfs,
+)
 
 pytestmark = pytest.mark.testbed
 
@@ -51,16 +57,7 @@ GPUS = {name: [GpuGroup(type="fake", count=2, files="/dev/tty[0-1]")] for name i
 
 # What the sandboxes need, as free-form settings (each checked against slurm.conf(5)).
 BED_SETTINGS: dict[str, str | int] = {
-    "SlurmctldPidFile": "/run/slurmctld.pid",
-    "SlurmdPidFile": "/run/slurmd-%n.pid",
-    "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
-    "SlurmdLogFile": "/var/log/slurm/slurmd-%n.log",
-    "ProctrackType": "proctrack/linuxproc",
-    "TaskPlugin": "task/none",
-    "JobAcctGatherType": "jobacct_gather/none",
-    "MpiDefault": "none",
-    "MailProg": "/bin/true",
-    "SlurmdParameters": "config_overrides",
+    **SANDBOX_SETTINGS,
     "SlurmdTimeout": 30,
     "MessageTimeout": 5,
     "KillWait": 2,

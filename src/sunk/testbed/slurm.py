@@ -60,6 +60,23 @@ REST_API = "v0.0.42"
 # job's working directory and output files exist on both sides.
 SHARED_TMP = "/tmp"  # noqa: S108 - not the host's /tmp
 
+# What any slurm.conf needs for its daemons to run in the bed's sandboxes;
+# the bed's own config and configs rendered by sunk's Slurm port both use it.
+SANDBOX_SETTINGS: dict[str, str | int] = {
+    "SlurmctldPidFile": "/run/slurmctld.pid",
+    "SlurmdPidFile": "/run/slurmd-%n.pid",
+    "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
+    "SlurmdLogFile": "/var/log/slurm/slurmd-%n.log",
+    # No cgroups in the sandboxes.
+    "ProctrackType": "proctrack/linuxproc",
+    "TaskPlugin": "task/none",
+    "JobAcctGatherType": "jobacct_gather/none",
+    "MpiDefault": "none",
+    "MailProg": "/bin/true",  # the rootfs has no mailer; slurmctld logs an error otherwise
+    # Nodes may report other hardware than configured (all share one host).
+    "SlurmdParameters": "config_overrides",
+}
+
 _DAEMON_USER_SLURM = "slurm"
 _DAEMON_USER_REST = "slurmrest"
 _DAEMON_USER_MUNGE = "munge"
@@ -542,23 +559,12 @@ class SlurmCluster:
             "AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key",
             "StateSaveLocation=/var/spool/slurmctld",
             "SlurmdSpoolDir=/var/spool/slurmd/%n",
-            "SlurmctldPidFile=/run/slurmctld.pid",
-            "SlurmdPidFile=/run/slurmd-%n.pid",
-            "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
-            "SlurmdLogFile=/var/log/slurm/slurmd-%n.log",
+            *(f"{key}={value}" for key, value in SANDBOX_SETTINGS.items()),
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
-            # No cgroups in the sandboxes.
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "MpiDefault=none",
-            "MailProg=/bin/true",  # the rootfs has no mailer; slurmctld logs an error otherwise
             "ReturnToService=2",
-            # Nodes may report other hardware than configured (all share one host).
-            "SlurmdParameters=config_overrides",
             # Room for dynamic nodes (slurmd -Z) that a node runtime adds later.
             f"MaxNodeCount={self.max_node_count}",
             # Short timeouts: tests should see failures in seconds, not minutes.
