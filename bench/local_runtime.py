@@ -34,13 +34,14 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, Service, ServiceAccount
 from lightkube.resources.discovery_v1 import EndpointSlice
 
+from sunk.kube.client import pod_ready
 from sunk.local import slurmpods
 from sunk.local.net import bed_tag, link_names, netns_names
 from sunk.local.port import build
 from sunk.local.system import pids_rooted_at
 from sunk.testbed.kube import KubeControlPlane, async_client
 from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk.testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
 
 TICKS = os.sysconf("SC_CLK_TCK")
 NAMESPACE = "bench"
@@ -62,14 +63,48 @@ def proc_stats(pid: int) -> dict[str, float]:
     }
 
 
-def spawn_runtime(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
+def spawn_nodes(state: Path, count: int, cpu: str, memory: str) -> subprocess.Popen[bytes]:
+    """`sunk local nodes` for `count` nodes named bench-N, logging to state/runtime.log."""
+    argv = [
+        str(Path(sys.executable).parent / "sunk"),
+        "local",
+        "nodes",
+        "--state",
+        str(state),
+        "--count",
+        str(count),
+        "--prefix",
+        "bench-",
+        "--cpu",
+        cpu,
+        "--memory",
+        memory,
+    ]
+    with (state / "runtime.log").open("wb") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
-def ready(pod: Pod) -> bool:
-    conditions = pod.status.conditions if pod.status else None
-    return any(c.type == "Ready" and c.status == "True" for c in conditions or [])
+def gateway(state: Path) -> str:
+    """The runtime's bridge address, where pods reach the bed's slurmctld."""
+    network = json.loads((state / "nodes" / "network.json").read_text())
+    return str(next(ipaddress.ip_network(network["subnet"]).hosts()))
+
+
+async def serve_slurm(kube: AsyncClient, namespace: str, slurm: SlurmAccess, address: str) -> None:
+    """The namespace, and what slurmd pods need in it: the munge key and slurmctld's Service."""
+    await kube.create(build(Namespace, {"metadata": {"name": namespace}}))
+    while True:
+        try:
+            await kube.get(ServiceAccount, "default", namespace=namespace)
+            break
+        except ApiError:
+            await asyncio.sleep(0.1)
+    port = slurm.slurmctld_port
+    await kube.create(build(Secret, slurmpods.munge_secret(namespace, slurm.munge_key)))
+    await kube.create(build(Service, slurmpods.controller_service(namespace, port)))
+    await kube.create(
+        build(EndpointSlice, slurmpods.controller_endpoints(namespace, address, port))
+    )
 
 
 async def wait_nodes(kube: AsyncClient, names: list[str], limit: float) -> None:
@@ -109,57 +144,23 @@ async def bench(pods: int, nodes: int, direct: bool) -> None:
         print(f"control plane up in {time.monotonic() - t:.1f}s", flush=True)
         names = [f"bench-{i}" for i in range(1, nodes + 1)]
         t = time.monotonic()
-        runtime = spawn_runtime(
-            [
-                str(Path(sys.executable).parent / "sunk"),
-                "local",
-                "nodes",
-                "--state",
-                str(state),
-                "--count",
-                str(nodes),
-                "--prefix",
-                "bench-",
-                "--cpu",
-                "16",
-                "--memory",
-                "32Gi",
-            ],
-            state / "runtime.log",
-        )
+        runtime = spawn_nodes(state, nodes, "16", "32Gi")
         kube = async_client(access.admin_kubeconfig, field_manager="bench")
         await wait_nodes(kube, names, 60)
         print(f"{nodes} nodes Ready in {time.monotonic() - t:.1f}s", flush=True)
         idle = proc_stats(runtime.pid)
-        network = json.loads((state / "nodes" / "network.json").read_text())
-        gateway = str(next(ipaddress.ip_network(network["subnet"]).hosts()))
+        address = gateway(state)
         cluster = SlurmCluster(
             state,
             supervisor,
             rootfs,
             nodes=0,
-            controller_address=gateway,
+            controller_address=address,
             extra_conf=["SlurmctldParameters=enable_configless"],
         )
         slurm = await asyncio.to_thread(cluster.start)
 
-        await kube.create(build(Namespace, {"metadata": {"name": NAMESPACE}}))
-        while True:
-            try:
-                await kube.get(ServiceAccount, "default", namespace=NAMESPACE)
-                break
-            except ApiError:
-                await asyncio.sleep(0.1)
-        await kube.create(build(Secret, slurmpods.munge_secret(NAMESPACE, slurm.munge_key)))
-        await kube.create(
-            build(Service, slurmpods.controller_service(NAMESPACE, slurm.slurmctld_port))
-        )
-        await kube.create(
-            build(
-                EndpointSlice,
-                slurmpods.controller_endpoints(NAMESPACE, gateway, slurm.slurmctld_port),
-            )
-        )
+        await serve_slurm(kube, NAMESPACE, slurm, address)
 
         before = proc_stats(runtime.pid)
         started = time.monotonic()
@@ -178,7 +179,7 @@ async def bench(pods: int, nodes: int, direct: bool) -> None:
                 raise TimeoutError("not all pods Ready and registered after 10 min")
             if all_ready is None:
                 listed = [p async for p in kube.list(Pod, namespace=NAMESPACE)]
-                if sum(map(ready, listed)) == pods:
+                if sum(map(pod_ready, listed)) == pods:
                     all_ready = time.monotonic() - started
             if all_registered is None and await asyncio.to_thread(idle_nodes, cluster) == pods:
                 all_registered = time.monotonic() - started

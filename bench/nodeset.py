@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
-import json
 import resource
 import shutil
 import signal
@@ -32,18 +30,16 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service, ServiceAccount
-from lightkube.resources.discovery_v1 import EndpointSlice
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 sys.path.insert(0, str(Path(__file__).parent))
-from local_runtime import spawn_runtime, wait_nodes
+from local_runtime import gateway, serve_slurm, spawn_nodes, wait_nodes
 from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
 from sunk.api import nodeset as api
 from sunk.api.install import install_crds
 from sunk.local import slurmpods
-from sunk.local.port import build
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
@@ -104,34 +100,16 @@ async def bench(nodes: int, max_unavailable: str) -> None:
     try:
         access = control_plane.start()
         names = [f"bench-{i}" for i in range(1, nodes + 1)]
-        runtime = spawn_runtime(
-            [
-                str(Path(sys.executable).parent / "sunk"),
-                "local",
-                "nodes",
-                "--state",
-                str(state),
-                "--count",
-                str(nodes),
-                "--prefix",
-                "bench-",
-                "--cpu",
-                "2",
-                "--memory",
-                "4Gi",
-            ],
-            state / "runtime.log",
-        )
+        runtime = spawn_nodes(state, nodes, "2", "4Gi")
         kube = async_client(access.admin_kubeconfig, field_manager="bench")
         await wait_nodes(kube, names, 120)
-        network = json.loads((state / "nodes" / "network.json").read_text())
-        gateway = str(next(ipaddress.ip_network(network["subnet"]).hosts()))
+        address = gateway(state)
         cluster = SlurmCluster(
             state,
             supervisor,
             rootfs,
             nodes=0,
-            controller_address=gateway,
+            controller_address=address,
             extra_conf=[
                 "SlurmctldParameters=enable_configless",
                 f"NodeSet={NAME} Feature={NAME}",
@@ -140,19 +118,8 @@ async def bench(nodes: int, max_unavailable: str) -> None:
         )
         slurm = await asyncio.to_thread(cluster.start)
         await install_crds(kube)
-        await kube.create(build(Namespace, {"metadata": {"name": NAMESPACE}}))
-        while True:
-            try:
-                await kube.get(ServiceAccount, "default", namespace=NAMESPACE)
-                break
-            except ApiError:
-                await asyncio.sleep(0.1)
+        await serve_slurm(kube, NAMESPACE, slurm, address)
         port = slurm.slurmctld_port
-        await kube.create(build(Secret, slurmpods.munge_secret(NAMESPACE, slurm.munge_key)))
-        await kube.create(build(Service, slurmpods.controller_service(NAMESPACE, port)))
-        await kube.create(
-            build(EndpointSlice, slurmpods.controller_endpoints(NAMESPACE, gateway, port))
-        )
 
         tracemalloc.start()
         cpu0, _ = usage()
