@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import resource
 import shutil
 import signal
@@ -29,6 +30,7 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
@@ -39,6 +41,7 @@ from local_runtime import gateway, serve_slurm, spawn_nodes, wait_nodes
 from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
 from sunk.api import nodeset as api
 from sunk.api.install import install_crds
+from sunk.kube.client import pod_ready
 from sunk.local import slurmpods
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
@@ -73,11 +76,11 @@ async def wait_settled(
         ready = sum(
             1
             for p in pods
-            if any(
-                c.type == "Ready" and c.status == "True"
-                for c in (p.status.conditions if p.status else None) or []
+            if pod_ready(p)
+            and (
+                revision is None
+                or ((p.metadata and p.metadata.labels) or {}).get(LABEL_TEMPLATE_HASH) == revision
             )
-            and (revision is None or p.metadata.labels[LABEL_TEMPLATE_HASH] == revision)  # type: ignore[union-attr]
         )
         if ready == count:
             states = await asyncio.to_thread(slurm_states, cluster)
@@ -137,7 +140,7 @@ async def bench(nodes: int, max_unavailable: str) -> None:
         controller_task = asyncio.create_task(run_controller())
         NodeSet = api.resource()
         body = {
-            "metadata": {"name": NAME},
+            "metadata": {"name": NAME, "namespace": NAMESPACE},
             "spec": {
                 "template": slurmpods.nodeset_template(port, "v1"),
                 "updateStrategy": {
@@ -147,7 +150,7 @@ async def bench(nodes: int, max_unavailable: str) -> None:
             },
         }
         t = time.monotonic()
-        await kube.create(NodeSet(body), namespace=NAMESPACE)
+        await kube.create(NodeSet(body))
         await wait_settled(kube, cluster, nodes, None, 900)
         created_s = time.monotonic() - t
         cpu1, rss1 = usage()
@@ -160,7 +163,7 @@ async def bench(nodes: int, max_unavailable: str) -> None:
         t = time.monotonic()
         await kube.patch(NodeSet, NAME, patch, namespace=NAMESPACE, patch_type=PatchType.MERGE)
         await asyncio.sleep(1)
-        obj = await kube.get(NodeSet, NAME, namespace=NAMESPACE)
+        obj: Any = await kube.get(NodeSet, NAME, namespace=NAMESPACE)
         revision = obj["status"]["templateHash"]
         await wait_settled(kube, cluster, nodes, revision, 1800)
         rolled_s = time.monotonic() - t
@@ -197,7 +200,12 @@ def main() -> None:
     )
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--max-unavailable", default="10%")
+    parser.add_argument("--log", type=Path, help="write the controller's and Slurm view's log here")
     args = parser.parse_args()
+    if args.log:
+        logging.basicConfig(
+            filename=args.log, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
+        )
     asyncio.run(bench(args.nodes, args.max_unavailable))
 
 

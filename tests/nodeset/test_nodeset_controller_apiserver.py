@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from lightkube import AsyncClient
+from lightkube.models.core_v1 import NodeSpec, Taint
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
@@ -95,11 +96,16 @@ async def pool(kube: AsyncClient) -> AsyncIterator[Callable[..., Any]]:
     tag = secrets.token_hex(3)
     made: list[str] = []
 
-    async def make(count: int, **labels: str) -> list[str]:
+    async def make(count: int, taints: list[Taint] | None = None, **labels: str) -> list[str]:
         names = []
         for _ in range(count):
             name = f"n-{tag}-{len(made)}"
-            await kube.create(Node(metadata=ObjectMeta(name=name, labels={"pool": tag, **labels})))
+            await kube.create(
+                Node(
+                    metadata=ObjectMeta(name=name, labels={"pool": tag, **labels}),
+                    spec=NodeSpec(taints=taints),
+                )
+            )
             made.append(name)
             names.append(name)
         return names
@@ -209,6 +215,39 @@ async def test_two_nodesets_on_one_node_yield_one_pod_and_a_condition(
         await eventually(conflict)
         assert await pods_of(kube, namespace, "second") == []
         assert len(await pods_of(kube, namespace, "first")) == 1
+
+
+async def test_a_no_schedule_taint_keeps_the_pod_a_no_execute_taint_drains_it_out(
+    kube: AsyncClient, namespace: str, crds: None, pool: Any
+) -> None:
+    """As for a DaemonSet: a node lifecycle taint (heartbeats lagging) must not remove slurmd."""
+    lagging, evicted = await pool(2)
+    slurm = MemorySlurm()
+    async with controller(kube, slurm, namespace):
+        await kube.create(nodeset("cpu", {"pool": pool.tag}), namespace=namespace)
+        for pod in await eventually(lambda: _count(pods_of(kube, namespace, "cpu"), 2)):
+            await mark_ready(kube, namespace, pod)
+            slurm.register(pod.metadata.name, "cpu")
+        # Not a node.kubernetes.io key: the node lifecycle controller would
+        # take it off again, these nodes having no kubelet.
+        await taint(kube, lagging, "example.com/lagging", "NoSchedule")
+        await taint(kube, evicted, "maintenance", "NoExecute")
+        await eventually(lambda: _count(pods_of(kube, namespace, "cpu"), 1))
+        (left,) = await pods_of(kube, namespace, "cpu")
+        assert left.metadata.name == f"cpu-{lagging}"
+        assert ("drain", f"cpu-{lagging}") not in slurm.log
+        assert ("drain", f"cpu-{evicted}") in slurm.log
+
+        await pool(1, taints=[Taint(key="example.com/lagging", effect="NoSchedule")])
+        await asyncio.sleep(2)  # a wrong pod would have been created by now
+        assert {p.metadata.name for p in await pods_of(kube, namespace, "cpu")} == {
+            f"cpu-{lagging}"
+        }
+
+
+async def taint(kube: AsyncClient, node: str, key: str, effect: str) -> None:
+    patch = {"spec": {"taints": [{"key": key, "effect": effect}]}}
+    await kube.patch(Node, node, patch, patch_type=PatchType.MERGE)
 
 
 async def test_a_pod_that_cannot_be_built_is_reported_by_field(

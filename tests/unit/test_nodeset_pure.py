@@ -123,6 +123,16 @@ class TestFeasibility:
         assert not feasible(pod_spec(), cordoned).ok
         assert feasible(pod_spec(), cordoned, DAEMON_TOLERATIONS).ok
 
+    def test_a_running_pod_stays_through_no_schedule_taints_but_not_no_execute(self) -> None:
+        """DaemonSet rule: NoSchedule keeps new pods off, only NoExecute removes a running one."""
+        lagging = node(taints=[Taint(key="node.kubernetes.io/unreachable", effect="NoSchedule")])
+        assert not feasible(pod_spec(), lagging, DAEMON_TOLERATIONS).ok
+        assert feasible(pod_spec(), lagging, DAEMON_TOLERATIONS, running=True).ok
+        evicting = node(taints=[Taint(key="maintenance", effect="NoExecute")])
+        assert not feasible(pod_spec(), evicting, DAEMON_TOLERATIONS, running=True).ok
+        elsewhere = pod_spec(nodeSelector={"pool": "a"})
+        assert not feasible(elsewhere, node(labels={"pool": "b"}), running=True).ok
+
 
 class TestOwnership:
     old = Claimant("2026-01-01T00:00:00Z", "ns", "old")

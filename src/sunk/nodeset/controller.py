@@ -175,8 +175,9 @@ class NodeSetController:
 
         revision = template_hash(spec)
         # Every NodeSet's feasible nodes: parsed and evaluated once per reconcile.
-        feasible_nodes = self._feasible_by_claimant()
-        assignment = self._assign(feasible_nodes)
+        incumbents = self._incumbents()
+        feasible_nodes = self._feasible_by_claimant(incumbents)
+        assignment = assign(feasible_nodes, incumbents)
         me = self._claimant(obj)
         build_errors: dict[str, str] = {}
         owned: dict[str, str] = {}
@@ -225,7 +226,9 @@ class NodeSetController:
         meta = obj["metadata"]
         return Claimant(meta.get("creationTimestamp") or "", meta["namespace"], meta["name"])
 
-    def _feasible_by_claimant(self) -> dict[Claimant, list[str]]:
+    def _feasible_by_claimant(
+        self, incumbents: Mapping[str, Claimant]
+    ) -> dict[Claimant, list[str]]:
         result: dict[Claimant, list[str]] = {}
         nodes = self._nodes.items()
         for obj in self._nodesets.items():
@@ -239,16 +242,23 @@ class NodeSetController:
             assert isinstance(template, PodTemplateSpec)
             if template.spec is None:
                 continue
-            result[self._claimant(obj)] = [
+            claimant = self._claimant(obj)
+            result[claimant] = [
                 n.metadata.name
                 for n in nodes
                 if n.metadata
                 and n.metadata.name
-                and feasible(template.spec, n, DAEMON_TOLERATIONS).ok
+                and feasible(
+                    template.spec,
+                    n,
+                    DAEMON_TOLERATIONS,
+                    running=incumbents.get(n.metadata.name) == claimant,
+                ).ok
             ]
         return result
 
-    def _assign(self, feasible_nodes: dict[Claimant, list[str]]) -> Assignment:
+    def _incumbents(self) -> dict[str, Claimant]:
+        """Node → the NodeSet whose (live) pod runs on it."""
         current: dict[str, Claimant] = {}
         sets = {
             (o["metadata"]["namespace"], o["metadata"]["name"]): self._claimant(o)
@@ -260,7 +270,7 @@ class NodeSetController:
             claimant = sets.get((pod.metadata.namespace if pod.metadata else "", owner or ""))
             if claimant is not None and view.node and not view.terminating:
                 current[view.node] = claimant
-        return assign(feasible_nodes, current)
+        return current
 
     # -- actions
 

@@ -4,11 +4,17 @@ A node is feasible when the template's nodeSelector matches its labels, one
 of the required node-affinity terms matches it, and every NoSchedule or
 NoExecute taint on it is tolerated, counting the tolerations the controller
 adds to every NodeSet pod (see `pods.DAEMON_TOLERATIONS`). Pure functions.
+
+Like the DaemonSet controller's "should run" and "should continue running",
+a node that already runs the set's pod only needs its NoExecute taints
+tolerated: a NoSchedule taint (a node lifecycle controller's `not-ready` or
+`unreachable` while heartbeats lag, an admin's) keeps new pods off but never
+drains and removes a running slurmd.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lightkube.models.core_v1 import (
@@ -31,8 +37,13 @@ FEASIBLE = Feasibility(True)
 
 
 def feasible(
-    spec: PodSpec, node: Node, extra_tolerations: Sequence[Toleration] = ()
+    spec: PodSpec,
+    node: Node,
+    extra_tolerations: Sequence[Toleration] = (),
+    *,
+    running: bool = False,
 ) -> Feasibility:
+    """`running`: the set's pod already runs on `node` (only NoExecute taints then count)."""
     labels = (node.metadata.labels if node.metadata else None) or {}
     name = node.metadata.name if node.metadata else None
     for key, value in (spec.nodeSelector or {}).items():
@@ -45,10 +56,9 @@ def feasible(
     ):
         return Feasibility(False, "no required node affinity term matches")
     tolerations = [*(spec.tolerations or []), *extra_tolerations]
+    effects = ("NoExecute",) if running else ("NoSchedule", "NoExecute")
     for taint in (node.spec.taints if node.spec else None) or []:
-        if taint.effect in ("NoSchedule", "NoExecute") and not any(
-            tolerates(t, taint) for t in tolerations
-        ):
+        if taint.effect in effects and not any(tolerates(t, taint) for t in tolerations):
             return Feasibility(False, f"taint {taint.key}:{taint.effect} is not tolerated")
     return FEASIBLE
 
@@ -91,9 +101,3 @@ def tolerates(toleration: Toleration, taint: Taint) -> bool:
     if toleration.operator == "Exists":
         return not toleration.key or toleration.key == taint.key
     return toleration.key == taint.key and (toleration.value or "") == (taint.value or "")
-
-
-def feasible_nodes(
-    spec: PodSpec, nodes: Iterable[Node], extra_tolerations: Sequence[Toleration] = ()
-) -> list[Node]:
-    return [n for n in nodes if feasible(spec, n, extra_tolerations).ok]
