@@ -92,6 +92,10 @@ async def wait_settled(
 
 
 async def bench(nodes: int, max_unavailable: str) -> None:
+    # A benchmark run in the background ignores SIGINT: let SIGTERM clean up too.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     state = Path(tempfile.mkdtemp(prefix="sunk-bench-ns-", dir="/tmp"))
     supervisor = Supervisor(state)
     control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import httpx2
 import pytest
@@ -52,6 +51,7 @@ class FakeSlurm:
         self.nodes = [{"name": "n1", "state": ["IDLE"]}]
         self.broken_update_time = False
         self.down = False
+        self.busy = 0  # this many more reads answer as slurmrestd does when slurmctld is slow
         self.requests: list[str] = []
         self.last_update = 100
 
@@ -62,15 +62,20 @@ class FakeSlurm:
             return httpx2.Response(200, content=json.dumps(OPENAPI).encode())
         since = request.url.params.get("update_time")
         self.requests.append("incremental" if since else "full")
+        if self.busy:
+            self.busy -= 1
+            return _partitions_500()
         if since and self.broken_update_time:
-            body: dict[str, Any] = {
-                "errors": [{"description": "Unable to query partitions", "error_number": -1}]
-            }
-            return httpx2.Response(500, content=json.dumps(body).encode())
+            return _partitions_500()
         if since and int(since) >= self.last_update:
             return httpx2.Response(304)
         body = {"nodes": self.nodes, "last_update": {"set": True, "number": self.last_update}}
         return httpx2.Response(200, content=json.dumps(body).encode())
+
+
+def _partitions_500() -> httpx2.Response:
+    body = {"errors": [{"description": "Unable to query partitions", "error_number": -1}]}
+    return httpx2.Response(500, content=json.dumps(body).encode())
 
 
 class Clock:
@@ -226,4 +231,22 @@ async def test_poll_now_cuts_the_wait_short() -> None:
             await asyncio.sleep(0.01)
     await view.stop()
     assert view.state is ViewState.CLOSED
+    await view.client.aclose()
+
+
+async def test_a_read_slurmctld_answered_too_late_is_retried_before_stale() -> None:
+    """24.11 answers 500/errno -1 to a full read when slurmctld is too busy to answer in time."""
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    await view.refresh()
+    events = view.subscribe(replay=False)
+    fake.busy = 2
+    await view.refresh()
+    assert view.fresh
+    assert view.stats.retries == 2
+    assert events.get_nowait() is None  # no STALE, no FRESH: nothing happened to subscribers
+    fake.busy = 3  # still failing after the retries: now it is stale
+    with pytest.raises(Exception, match="Unable to query partitions"):
+        await view.refresh()
+    assert view.state is ViewState.STALE
     await view.client.aclose()

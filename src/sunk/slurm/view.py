@@ -11,6 +11,13 @@ One poll loop per view keeps every node and job in memory:
   incremental node read after a drain, and v0.0.40/41 reject `update_time`
   outright. Any such failure falls back to a full read at once; when they
   keep failing for seconds, incremental reads pause for a while.
+- A busy slurmctld: slurmrestd gives up on its own RPC to slurmctld after
+  MessageTimeout and answers 500 with Slurm's errno -1 ("Unable to query
+  partitions" even for a full read; seen while 100-200 dynamic nodes
+  registered on two cores). A full or one-node read that fails with a 5xx is
+  tried again a few times with short back-off before the view is declared
+  stale; a one-node read that still fails raises to its caller but does not
+  mark the whole view stale (the poll loop decides that).
 - Stale: when slurmrestd or slurmctld cannot be reached, or no poll has
   succeeded for `stale_after` seconds, the view is STALE and reading it
   raises `SlurmStaleError` (controllers must not act on old data). The loop
@@ -47,6 +54,34 @@ V = TypeVar("V", Node, Job)
 # `update_time` passes it), which must not trigger the pause.
 _FAILING_BEFORE_PAUSE = 5.0
 _INCREMENTAL_PAUSE = 30.0
+
+# A read that slurmctld was too busy to answer in time: tries, and the pause
+# before the second (doubling after).
+_READ_ATTEMPTS = 3
+_READ_BACKOFF = 0.5
+
+T = TypeVar("T")
+
+
+def _slurmctld_busy(exc: SlurmError) -> bool:
+    """slurmrestd answered 5xx for its own RPC to slurmctld: worth a retry, not "stale" yet."""
+    return (
+        isinstance(exc, SlurmApiError) and not isinstance(exc, SlurmAuthError) and exc.status >= 500
+    )
+
+
+async def _retrying(read: Callable[[], Awaitable[T]], stats: ViewStats) -> T:
+    attempt = 0
+    while True:
+        try:
+            return await read()
+        except SlurmError as exc:
+            attempt += 1
+            if attempt >= _READ_ATTEMPTS or not _slurmctld_busy(exc):
+                raise
+            stats.retries += 1
+            log.info("Slurm read failed (%s); trying again", exc)
+            await asyncio.sleep(_READ_BACKOFF * 2 ** (attempt - 1))
 
 
 class ViewState(enum.Enum):
@@ -185,6 +220,7 @@ class ViewStats:
     full_reads: int = 0
     fallbacks: int = 0  # incremental reads that failed and fell back to a full read
     failures: int = 0  # polls that failed entirely
+    retries: int = 0  # reads tried again because slurmctld answered too late
     events: int = 0
 
 
@@ -358,9 +394,10 @@ class SlurmView:
     async def refresh_node(self, name: str) -> Node | None:
         """Read one node now, update the cache (and emit) and return it; None if gone."""
         try:
-            node = await self.client.node(name)
+            node = await _retrying(lambda: self.client.node(name), self.stats)
         except SlurmError as exc:
-            self._fail(exc)
+            if not _slurmctld_busy(exc):
+                self._fail(exc)
             raise
         async with self._sync_lock:
             old = self._nodes.items.get(name)
@@ -499,6 +536,6 @@ class SlurmView:
 
     async def _full(self, read: Callable[[int | None], Awaitable[Listing[V] | None]]) -> Listing[V]:
         self.stats.full_reads += 1
-        listing = await read(None)
+        listing = await _retrying(lambda: read(None), self.stats)
         assert listing is not None  # without `since` there is always a list
         return listing
