@@ -216,3 +216,23 @@ async def test_events_are_recorded(kube: AsyncClient, namespace: str) -> None:
     assert [(e.reason, e.note, e.regarding.name) for e in events if e.regarding] == [
         ("Tested", "it works", "target")
     ]
+
+
+async def test_repeated_events_form_a_series_and_a_flapping_object_is_limited(
+    kube: AsyncClient, namespace: str
+) -> None:
+    target = await kube.create(configmap("flappy", namespace))
+    events = EventRecorder(kube, "sunk-test", burst=5)
+    for _ in range(3):
+        await events.emit(target, "Flapped", "same note", action="Test")
+    for i in range(10):
+        await events.emit(target, "Flapped", f"note {i}", action="Test")
+    assert events.stats.failed == 0
+    stored = [e async for e in kube.list(EventV1, namespace=namespace)]
+    series = [e for e in stored if e.note == "same note"]
+    assert len(series) == 1
+    assert series[0].series is not None
+    assert series[0].series.count == 3
+    # 5 writes: one create and two series updates, then two more creates.
+    assert len(stored) == 3
+    assert events.stats.skipped == 8
