@@ -244,6 +244,19 @@ async def test_a_no_schedule_taint_keeps_the_pod_a_no_execute_taint_drains_it_ou
             f"cpu-{lagging}"
         }
 
+        # Its pod replaced (as by an update) while the taint lasts: the Slurm
+        # record, which may carry an admin's drain, stays; the pod comes back.
+        await kube.delete(Pod, left.metadata.name, namespace=namespace, grace_period=0)
+
+        async def recreated() -> bool:
+            pods = await pods_of(kube, namespace, "cpu")
+            return [p.metadata.name for p in pods] == [left.metadata.name] and (
+                pods[0].metadata.uid != left.metadata.uid
+            )
+
+        await eventually(recreated)
+        assert ("delete", left.metadata.name) not in slurm.log
+
 
 async def taint(kube: AsyncClient, node: str, key: str, effect: str) -> None:
     patch = {"spec": {"taints": [{"key": key, "effect": effect}]}}

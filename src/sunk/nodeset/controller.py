@@ -79,6 +79,13 @@ def _pod_view(pod: Pod) -> PodView:
     )
 
 
+def _slurm_name(spec: api.NodeSetSpec, nodeset: str, node: Node) -> str | None:
+    try:
+        return slurm_node_name(spec.slurm.node_name, nodeset, node)
+    except SpecError:
+        return None
+
+
 class NodeSetController:
     def __init__(
         self,
@@ -243,6 +250,7 @@ class NodeSetController:
             if template.spec is None:
                 continue
             claimant = self._claimant(obj)
+            records = self._slurm.nodes_with_feature(claimant.name) or {}
             result[claimant] = [
                 n.metadata.name
                 for n in nodes
@@ -252,7 +260,8 @@ class NodeSetController:
                     template.spec,
                     n,
                     DAEMON_TOLERATIONS,
-                    running=incumbents.get(n.metadata.name) == claimant,
+                    running=incumbents.get(n.metadata.name) == claimant
+                    or _slurm_name(spec, claimant.name, n) in records,
                 ).ok
             ]
         return result

@@ -9,7 +9,9 @@ Like the DaemonSet controller's "should run" and "should continue running",
 a node that already runs the set's pod only needs its NoExecute taints
 tolerated: a NoSchedule taint (a node lifecycle controller's `not-ready` or
 `unreachable` while heartbeats lag, an admin's) keeps new pods off but never
-drains and removes a running slurmd.
+drains and removes a running slurmd. The controller counts a node whose
+Slurm record of the set still exists (its pod just replaced by an update) as
+running too, so that record, and a drain reason on it, are kept.
 """
 
 from __future__ import annotations
