@@ -50,7 +50,11 @@ async def run_operator(config: OperatorConfig) -> None:
 
             async def lead() -> None:
                 controller = NodeSetController(
-                    kube, port, namespace=config.namespace, workers=config.workers
+                    kube,
+                    port,
+                    namespace=config.namespace,
+                    workers=config.workers,
+                    identity=identity,
                 )
                 async with asyncio.TaskGroup() as group:
                     group.create_task(port.run())

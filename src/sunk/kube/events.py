@@ -91,6 +91,7 @@ class EventRecorder:
         client: AsyncClient,
         controller: str,
         *,
+        instance: str | None = None,
         burst: int = SPAM_BURST,
         refill_every: float = SPAM_REFILL_EVERY,
         series_window: float = SERIES_WINDOW,
@@ -99,7 +100,8 @@ class EventRecorder:
     ) -> None:
         self._client = client
         self._controller = controller
-        self._instance = f"{controller}-{socket.gethostname()}"
+        # Which replica wrote it: client-go uses the host name (a pod's name).
+        self._instance = instance or f"{controller}-{socket.gethostname()}"
         self._burst = burst
         self._refill_every = refill_every
         self._series_window = series_window

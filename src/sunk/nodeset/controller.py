@@ -94,7 +94,9 @@ class NodeSetController:
         *,
         namespace: str | None = None,
         workers: int = 4,
+        identity: str | None = None,
     ) -> None:
+        """`identity`: the replica, as its Events' reportingInstance names it."""
         self._kube = kube
         self._slurm = slurm
         self._workers = workers
@@ -104,7 +106,7 @@ class NodeSetController:
             kube, Pod, namespace=namespace, labels={LABEL_NODESET: operators.exists()}
         )
         self.queue: WorkQueue[str] = WorkQueue()
-        self._events = EventRecorder(kube, CONTROLLER)
+        self._events = EventRecorder(kube, CONTROLLER, instance=identity)
         self._nodesets.subscribe(lambda e: self.queue.add(e.key))
         self._nodes.subscribe(self._on_node)
         self._pods.subscribe(self._on_pod)

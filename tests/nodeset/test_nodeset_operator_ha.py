@@ -1,0 +1,207 @@
+"""Two `sunk operator` processes on one real apiserver Lease and one real Slurm: one acts.
+
+Each replica is the real CLI in its own process (so "killed" means SIGKILL:
+no Lease release, no clean-up), watching one test namespace, with its Lease
+there too. The NodeSet selects kubelet-less Node objects: what is checked
+is who writes, not what slurmd does. Events name the replica that wrote
+them (reportingInstance = the operator's identity, `<host>-<pid>`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.events_v1 import Event
+
+from sunk.api import LABEL_NODESET
+from sunk.api import nodeset as api
+from sunk.testbed.slurm import SlurmAccess
+
+pytestmark = pytest.mark.testbed
+NodeSet = api.resource()
+LEASE = "sunk-operator"
+LEASE_DURATION = 15.0  # LeaderElector's default, which `sunk operator` uses
+
+
+def identity(proc: subprocess.Popen[bytes]) -> str:
+    return f"{socket.gethostname()}-{proc.pid}"
+
+
+@contextlib.asynccontextmanager
+async def operators(
+    kubeconfig: Path, slurm: SlurmAccess, namespace: str, log_dir: Path
+) -> AsyncIterator[list[subprocess.Popen[bytes]]]:
+    argv = [
+        str(Path(sys.executable).parent / "sunk"),
+        "operator",
+        "--slurmrestd", slurm.restd_url,
+        "--jwt-key", str(slurm.jwt_key),
+        "--kubeconfig", str(kubeconfig),
+        "--namespace", namespace,
+        "--lease-namespace", namespace,
+    ]  # fmt: skip
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i in range(2):
+            procs.append(start(argv, log_dir / f"operator-{i}.log"))
+        yield procs
+    finally:
+        await asyncio.to_thread(stop, procs)
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := await check()):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.2)
+    return result
+
+
+async def holder(kube: AsyncClient, namespace: str) -> str:
+    with contextlib.suppress(Exception):
+        lease = await kube.get(Lease, LEASE, namespace=namespace)
+        return (lease.spec.holderIdentity if lease.spec else None) or ""
+    return ""
+
+
+async def writers(kube: AsyncClient, namespace: str) -> dict[str, int]:
+    """reportingInstance → how many Events it wrote in the namespace."""
+    counts: dict[str, int] = {}
+    async for event in kube.list(Event, namespace=namespace):
+        instance = event.reportingInstance or ""
+        counts[instance] = counts.get(instance, 0) + 1
+    return counts
+
+
+async def pods(kube: AsyncClient, namespace: str) -> list[Pod]:
+    return [p async for p in kube.list(Pod, namespace=namespace, labels={LABEL_NODESET: "ha"})]
+
+
+async def test_two_operators_one_leader_and_the_other_takes_over(
+    kube: AsyncClient,
+    namespace: str,
+    kubeconfig: Path,
+    slurm_access: SlurmAccess,
+    tmp_path: Path,
+) -> None:
+    tag = secrets.token_hex(3)
+    names = [f"ha-{tag}-{i}" for i in range(3)]
+
+    async def add_node(name: str) -> None:
+        await kube.create(Node(metadata=ObjectMeta(name=name, labels={"ha-pool": tag})))
+
+    try:
+        for name in names[:2]:
+            await add_node(name)
+        async with operators(kubeconfig, slurm_access, namespace, tmp_path) as procs:
+            by_identity = {identity(p): p for p in procs}
+            leader_id = await wait_for(
+                "a leader", lambda: _held_by(kube, namespace, by_identity), timeout=60
+            )
+            leader = by_identity[leader_id]
+            (follower_id,) = set(by_identity) - {leader_id}
+
+            body = NodeSet(
+                {
+                    "metadata": {"name": "ha"},
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "nodeSelector": {"ha-pool": tag},
+                                "containers": [{"name": "slurmd", "image": "slurmd:1"}],
+                            }
+                        }
+                    },
+                }
+            )
+            await kube.create(body, namespace=namespace)
+            await wait_for("2 pods", lambda: _count(pods(kube, namespace), 2))
+            await asyncio.sleep(3)  # the follower, were it acting, would have written by now
+            seen = await writers(kube, namespace)
+            assert seen.get(leader_id, 0) >= 2, seen  # CreatedPod, one per node
+            assert follower_id not in seen, seen
+            assert await holder(kube, namespace) == leader_id
+
+            leader.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(leader.wait, 10)
+            killed = time.monotonic()
+            await wait_for(
+                "the follower to take the Lease",
+                lambda: _is(holder(kube, namespace), follower_id),
+                timeout=LEASE_DURATION + 30,
+            )
+            takeover = time.monotonic() - killed
+            print(f"takeover {takeover:.1f}s after SIGKILL (lease {LEASE_DURATION:.0f}s)")
+            # It waits out the lease the dead leader last renewed (up to one
+            # retry period, 2 s, before the kill), plus its own next poll;
+            # the rest is a margin for a loaded machine.
+            assert takeover <= LEASE_DURATION + 10
+
+            await add_node(names[2])
+            await wait_for(
+                "a 3rd pod from the new leader", lambda: _count(pods(kube, namespace), 3)
+            )
+
+            async def new_leader_wrote() -> bool:
+                return (await writers(kube, namespace)).get(follower_id, 0) >= 1
+
+            await wait_for("the new leader's Event", new_leader_wrote, timeout=20)
+            # Deleting the NodeSet is the new leader's work too (finalizer).
+            await kube.delete(NodeSet, "ha", namespace=namespace)
+
+            async def gone() -> bool:
+                left = [s async for s in kube.list(NodeSet, namespace=namespace)]
+                return not left
+
+            await wait_for("the NodeSet deleted through its finalizer", gone, timeout=60)
+            assert follower_id in await writers(kube, namespace)
+    finally:
+        for name in names:
+            with contextlib.suppress(Exception):
+                await kube.delete(Node, name)
+
+
+async def _held_by(kube: AsyncClient, namespace: str, candidates: dict[str, Any]) -> str | None:
+    held = await holder(kube, namespace)
+    return held if held in candidates else None
+
+
+async def _is(value: Awaitable[str], expected: str) -> bool:
+    return await value == expected
+
+
+async def _count(found: Awaitable[list[Pod]], n: int) -> list[Pod] | None:
+    result = await found
+    return result if len(result) == n else None
