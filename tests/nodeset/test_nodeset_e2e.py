@@ -33,7 +33,7 @@ from sunk.local import slurmpods
 from sunk.local.node import NodeConfig
 from sunk.local.runtime import LocalRuntime
 from sunk.nodeset.controller import NodeSetController
-from sunk.nodeset.plan import REASON_PREFIX
+from sunk.nodeset.plan import REASON_PREFIX, REASON_SCALE_IN
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
@@ -477,4 +477,63 @@ async def test_killing_the_controller_during_an_update_never_kills_a_job(bed: Be
         shown = await bed.aslurm("scontrol", "show", "job", job)
         assert "JobState=COMPLETED" in shown, shown
         assert "ExitCode=0:0" in shown, shown
+    bed.operator.check()
+
+
+async def test_a_node_leaving_the_set_is_drained_then_emptied_then_forgotten(bed: Bed) -> None:
+    await wait_for("the NodeSet settled", lambda: settled(bed, 5), bed=bed)
+    leaving = bed.nodes[4]
+    slurm_node = f"{NAME}-{leaving}"
+    (pod,) = [p for p in await bed.pods() if p.metadata.name == slurm_node]  # type: ignore[union-attr]
+    submit = await bed.aslurm(
+        "sbatch", "--parsable", "-p", NAME, "-w", slurm_node, "--chdir=/tmp", "-o", "/dev/null",
+        "--wrap", "sleep 10",
+    )  # fmt: skip
+    job = submit.strip().split(";")[0]
+
+    async def running() -> bool:
+        return "JobState=RUNNING" in await bed.aslurm("scontrol", "show", "job", job)
+
+    await wait_for("the job to run", running, timeout=20)
+    await bed.kube.patch(
+        Node, leaving, {"metadata": {"labels": {POOL: None}}}, patch_type=PatchType.MERGE
+    )
+
+    async def drained() -> bool:
+        fields = (await bed.slurm_nodes()).get(slurm_node, {})
+        return "DRAIN" in fields.get("State", "") and fields.get("Reason", "").startswith(
+            REASON_SCALE_IN
+        )
+
+    await wait_for("the leaving node drained", drained, timeout=30)
+    # Drained, but its job still runs: the pod stays (the same pod, not a new one).
+    assert "JobState=RUNNING" in await bed.aslurm("scontrol", "show", "job", job)
+    assert pod.metadata.uid in {p.metadata.uid for p in await bed.pods()}  # type: ignore[union-attr]
+
+    async def pod_gone() -> bool:
+        return slurm_node not in {p.metadata.name for p in await bed.pods()}  # type: ignore[union-attr]
+
+    await wait_for("the pod to go once the job ended", pod_gone, timeout=60)
+    shown = await bed.aslurm("scontrol", "show", "job", job)
+    assert "JobState=COMPLETED" in shown, shown
+    assert "ExitCode=0:0" in shown, shown
+
+    async def forgotten() -> bool:
+        return slurm_node not in await bed.slurm_nodes()
+
+    await wait_for("the Slurm record removed", forgotten, timeout=30)
+    await wait_for("four nodes settled", lambda: settled(bed, 4), bed=bed)
+    bed.operator.check()
+
+
+async def test_deleting_the_nodeset_removes_its_pods_and_slurm_nodes(bed: Bed) -> None:
+    await wait_for("the NodeSet settled", lambda: settled(bed, 4), bed=bed)
+    assert len(await bed.slurm_nodes()) == 4
+    await bed.kube.delete(NodeSet, NAME, namespace=bed.namespace)
+
+    async def gone() -> bool:
+        sets = [s async for s in bed.kube.list(NodeSet, namespace=bed.namespace)]
+        return not sets and not await bed.pods() and not await bed.slurm_nodes()
+
+    await wait_for("pods, Slurm nodes and the NodeSet gone", gone, timeout=60)
     bed.operator.check()
