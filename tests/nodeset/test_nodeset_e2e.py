@@ -107,6 +107,24 @@ class Bed:
     async def aslurm(self, *argv: str, check: bool = True) -> str:
         return await asyncio.to_thread(self.slurm, *argv, check=check)
 
+    async def submit(self, node: str, seconds: int) -> str:
+        """A batch job of `sleep seconds` pinned to the Slurm node; its id."""
+        out = await self.aslurm(
+            "sbatch", "--parsable", "-p", NAME, "-w", node, "--chdir=/tmp", "-o", "/dev/null",
+            "--wrap", f"sleep {seconds}",
+        )  # fmt: skip
+        return out.strip().split(";")[0]
+
+    async def run_job(self, node: str, seconds: int) -> str:
+        """`submit`, then wait until the job runs."""
+        job = await self.submit(node, seconds)
+
+        async def running() -> bool:
+            return "JobState=RUNNING" in await self.aslurm("scontrol", "show", "job", job)
+
+        await wait_for("the job to run", running, timeout=20)
+        return job
+
     async def slurm_nodes(self) -> dict[str, dict[str, str]]:
         """`scontrol show node` of this NodeSet's nodes: name → key=value fields."""
         out = await self.aslurm("scontrol", "-o", "show", "node", check=False)
@@ -349,16 +367,7 @@ async def test_a_rolling_update_waits_for_the_job_on_its_node(bed: Bed) -> None:
     busy = f"{NAME}-{bed.nodes[2]}"
     busy_uid = pods[busy].metadata.uid  # type: ignore[union-attr]
     old = {await revision_of(bed)}
-    submit = await bed.aslurm(
-        "sbatch", "--parsable", "-p", NAME, "-w", busy, "--chdir=/tmp", "-o", "/dev/null",
-        "--wrap", "sleep 20",
-    )  # fmt: skip
-    job = submit.strip().split(";")[0]
-
-    async def running() -> bool:
-        return "JobState=RUNNING" in await bed.aslurm("scontrol", "show", "job", job)
-
-    await wait_for("the job to run", running, timeout=20)
+    job = await bed.run_job(busy, 20)
     job_started = time.monotonic()
 
     async with DrainWatch(bed) as watch:
@@ -456,11 +465,7 @@ async def test_killing_the_controller_during_an_update_never_kills_a_job(bed: Be
     for round_ in range(3):
         await wait_for("the NodeSet settled", lambda: settled(bed, 5), bed=bed)
         busy = f"{NAME}-{bed.nodes[round_]}"
-        submit = await bed.aslurm(
-            "sbatch", "--parsable", "-p", NAME, "-w", busy, "--chdir=/tmp", "-o", "/dev/null",
-            "--wrap", "sleep 6",
-        )  # fmt: skip
-        job = submit.strip().split(";")[0]
+        job = await bed.submit(busy, 6)
         old = {await revision_of(bed)}
         await set_template(bed, f"kill-{round_}", max_unavailable=2)
         for _ in range(2):
@@ -485,16 +490,7 @@ async def test_a_node_leaving_the_set_is_drained_then_emptied_then_forgotten(bed
     leaving = bed.nodes[4]
     slurm_node = f"{NAME}-{leaving}"
     (pod,) = [p for p in await bed.pods() if p.metadata.name == slurm_node]  # type: ignore[union-attr]
-    submit = await bed.aslurm(
-        "sbatch", "--parsable", "-p", NAME, "-w", slurm_node, "--chdir=/tmp", "-o", "/dev/null",
-        "--wrap", "sleep 10",
-    )  # fmt: skip
-    job = submit.strip().split(";")[0]
-
-    async def running() -> bool:
-        return "JobState=RUNNING" in await bed.aslurm("scontrol", "show", "job", job)
-
-    await wait_for("the job to run", running, timeout=20)
+    job = await bed.run_job(slurm_node, 10)
     await bed.kube.patch(
         Node, leaving, {"metadata": {"labels": {POOL: None}}}, patch_type=PatchType.MERGE
     )
