@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from plugins.local import LocalBed, local_bed, wait_for
@@ -22,7 +25,7 @@ from sunk.local.port import build
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk.syncer.controller import Syncer
+from sunk.syncer.controller import CONTROLLER, Syncer
 from sunk.syncer.decide import (
     ANNOTATION_SLURM_REASON,
     CORDON_REASON_ANNOTATION,
@@ -49,7 +52,7 @@ async def sync_bed(
         pytest.skip("the local runtime needs the bed's own CA")
 
     def nodes(tag: str) -> list[NodeConfig]:
-        return [NodeConfig(f"sy{tag}-{i}") for i in (1, 2)]
+        return [NodeConfig(f"sy{tag}-{i}") for i in (1, 2, 3)]
 
     async with local_bed(kube_control_plane, kube_access, kube, nodes, prefix="t-sync") as bed:
         access = bed.cluster.access()
@@ -75,9 +78,13 @@ async def sync_bed(
                 yield SyncBed(bed, pods, client, view)
 
 
+LEASE = "sunk-syncer-test"
+
+
 @contextlib.asynccontextmanager
 async def syncing(kube: AsyncClient, sb: SyncBed) -> AsyncIterator[Syncer]:
-    syncer = Syncer(kube, sb.client, sb.view, namespace=sb.bed.namespace)
+    lease = (sb.bed.namespace, LEASE)
+    syncer = Syncer(kube, sb.client, sb.view, namespace=sb.bed.namespace, lease=lease)
     task = asyncio.create_task(syncer.run())
     try:
         yield syncer
@@ -88,7 +95,8 @@ async def syncing(kube: AsyncClient, sb: SyncBed) -> AsyncIterator[Syncer]:
 
 
 def scontrol_node(sb: SyncBed, name: str) -> dict[str, str]:
-    out = sb.bed.cluster.run(["scontrol", "-o", "show", "node", name]).stdout
+    """The node's fields; none while slurmctld does not answer (callers poll)."""
+    out = sb.bed.cluster.run(["scontrol", "-o", "show", "node", name], check=False).stdout
     fields: dict[str, str] = {}
     for part in out.replace("Reason=", "\nReason=").split("\n"):
         if part.startswith("Reason="):
@@ -103,6 +111,40 @@ def scontrol_node(sb: SyncBed, name: str) -> dict[str, str]:
 async def slurm_reason(sb: SyncBed, name: str) -> tuple[str, str]:
     fields = await asyncio.to_thread(scontrol_node, sb, name)
     return fields.get("State", ""), fields.get("Reason", "")
+
+
+async def scontrol(sb: SyncBed, *args: str) -> None:
+    await asyncio.to_thread(sb.bed.cluster.run, ["scontrol", *args])
+
+
+async def set_cordon(kube: AsyncClient, node: str, on: bool, why: str | None = None) -> None:
+    body: dict[str, object] = {"spec": {"unschedulable": on}}
+    if why is not None:
+        body["metadata"] = {"annotations": {CORDON_REASON_ANNOTATION: why}}
+    await kube.patch(Node, node, body, patch_type=PatchType.MERGE)
+
+
+async def conditions_of(kube: AsyncClient, obj: Node | Pod) -> dict[str, tuple[str, str]]:
+    """type → (status, reason) of a node's or pod's conditions, read now."""
+    assert obj.metadata is not None
+    if isinstance(obj, Node):
+        fresh: Node | Pod = await kube.get(Node, obj.metadata.name or "")
+    else:
+        fresh = await kube.get(Pod, obj.metadata.name or "", namespace=obj.metadata.namespace)
+    found = (fresh.status.conditions if fresh.status else None) or []
+    return {c.type: (c.status, c.reason or "") for c in found}
+
+
+async def events_about(kube: AsyncClient, namespace: str, name: str) -> list[str]:
+    """Reasons of the syncer's Events about the object `name`.
+
+    Read through core/v1: events.k8s.io/v1 lists fail to decode the other
+    components' Events, whose eventTime is null."""
+    return [
+        e.reason or ""
+        async for e in kube.list(Event, namespace=namespace)
+        if e.reportingComponent == CONTROLLER and e.involvedObject.name == name
+    ]
 
 
 async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
@@ -136,6 +178,12 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
             return "DRAIN" not in state
 
         await wait_for("the uncordon to resume it", resumed, timeout=10)
+
+        async def told() -> bool:
+            reasons = await events_about(kube, "default", node)
+            return "SlurmDrain" in reasons and "SlurmResume" in reasons
+
+        await wait_for("Events about the drain and the resume", told, timeout=10)
         registry = syncer.metrics.registry
         assert (registry.get_sample_value("sunk_syncer_actions_total", {"kind": "drain"}) or 0) >= 1
         assert (
@@ -143,6 +191,8 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
         ) >= 1
         assert registry.get_sample_value("sunk_syncer_slurm_view_fresh") == 1
         assert (registry.get_sample_value("sunk_syncer_reconcile_seconds_count") or 0) > 0
+        assert (registry.get_sample_value("sunk_syncer_slurm_requests") or 0) > 0
+        assert registry.get_sample_value("sunk_syncer_write_wait_seconds", {"api": "slurm"}) == 0
 
 
 async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
@@ -174,6 +224,25 @@ async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
                 )
 
             await wait_for("the Slurm drain on the Kubernetes node", mirrored, timeout=10)
+
+            async def on_the_pod() -> bool:
+                pod = await kube.get(Pod, slurm_node, namespace=sync_bed.bed.namespace)
+                assert pod.metadata is not None
+                conditions = await conditions_of(kube, pod)
+                return (
+                    (pod.metadata.annotations or {}).get(ANNOTATION_SLURM_REASON) == reason
+                    and (pod.metadata.labels or {}).get(LABEL_SLURM_DRAIN) == "true"
+                    and conditions.get("SlurmDrain") == ("True", "SlurmDrain")
+                    and conditions.get("SlurmSynced") == ("True", "InStep")
+                    and conditions.get("Ready", ("",))[0] == "True"  # the kubelet's stay
+                )
+
+            await wait_for("the Slurm drain on the slurmd pod", on_the_pod, timeout=10)
+
+            async def told() -> bool:
+                return "SlurmDrained" in await events_about(kube, "default", node)
+
+            await wait_for("an Event about the Slurm drain", told, timeout=10)
             # A cordon and uncordon do not take it over, and do not resume it.
             await kube.patch(
                 Node, node, {"spec": {"unschedulable": True}}, patch_type=PatchType.MERGE
@@ -226,3 +295,153 @@ async def test_the_node_lock_taint_follows_a_running_job(
             )
         ).stdout
         assert "FAILED" not in state
+
+
+async def test_the_slurm_node_comment_names_its_pod(kube: AsyncClient, sync_bed: SyncBed) -> None:
+    node = sync_bed.bed.nodes[2]
+    slurm_node = sync_bed.pods[node]
+    wanted = f"k8s pod {sync_bed.bed.namespace}/{slurm_node} on node {node}"
+    async with syncing(kube, sync_bed):
+
+        async def commented() -> bool:
+            argv = ["scontrol", "show", "node", slurm_node]
+            return wanted in (await asyncio.to_thread(sync_bed.bed.cluster.run, argv)).stdout
+
+        await wait_for("the pod's identity in the Slurm node's comment", commented, timeout=10)
+
+
+async def test_a_drain_removed_in_slurm_while_the_cordon_lasts_is_put_back(
+    kube: AsyncClient, sync_bed: SyncBed
+) -> None:
+    node = sync_bed.bed.nodes[2]
+    slurm_node = sync_bed.pods[node]
+    ours = "sunk/syncer: node cordoned"
+
+    async def drained() -> bool:
+        state, reason = await slurm_reason(sync_bed, slurm_node)
+        return "DRAIN" in state and reason == ours
+
+    async with syncing(kube, sync_bed):
+        await set_cordon(kube, node, True)
+        try:
+            await wait_for("the cordon to drain the node", drained, timeout=10)
+            await scontrol(sync_bed, "update", f"nodename={slurm_node}", "state=resume")
+            await wait_for("the drain to be put back", drained, timeout=10)
+
+            async def told() -> bool:
+                return "SlurmDrainRestored" in await events_about(kube, "default", node)
+
+            await wait_for("an Event saying it was put back", told, timeout=10)
+        finally:
+            await set_cordon(kube, node, False)
+
+        async def resumed() -> bool:
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            return "DRAIN" not in state
+
+        await wait_for("the uncordon to resume it", resumed, timeout=10)
+
+
+async def test_a_slurmrestd_outage_pauses_the_syncer_until_it_returns(
+    kube: AsyncClient, sync_bed: SyncBed
+) -> None:
+    node = sync_bed.bed.nodes[2]
+    slurm_node = sync_bed.pods[node]
+    cluster = sync_bed.bed.cluster
+    obj = await kube.get(Node, node)
+    async with syncing(kube, sync_bed) as syncer:
+
+        async def synced(status: str) -> bool:
+            return (await conditions_of(kube, obj)).get("SlurmSynced", ("",))[0] == status
+
+        await wait_for("SlurmSynced=True", lambda: synced("True"), timeout=10)
+        await asyncio.to_thread(cluster.stop_restd)
+        try:
+            await wait_for("SlurmSynced=False", lambda: synced("False"), timeout=20)
+            assert syncer.metrics.registry.get_sample_value("sunk_syncer_slurm_view_fresh") == 0
+
+            async def told_stale() -> bool:
+                return "SlurmStale" in await events_about(kube, sync_bed.bed.namespace, LEASE)
+
+            await wait_for("a SlurmStale Event on the syncer's Lease", told_stale, timeout=10)
+            # A cordon while paused is not lost: it drains once Slurm answers.
+            await set_cordon(kube, node, True)
+            await asyncio.sleep(1)
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            assert "DRAIN" not in state
+        finally:
+            await asyncio.to_thread(cluster.start_restd)
+        try:
+            await wait_for("SlurmSynced=True again", lambda: synced("True"), timeout=30)
+
+            async def drained() -> bool:
+                state, reason = await slurm_reason(sync_bed, slurm_node)
+                return "DRAIN" in state and reason == "sunk/syncer: node cordoned"
+
+            await wait_for("the cordon made meanwhile to drain the node", drained, timeout=10)
+
+            async def told_fresh() -> bool:
+                return "SlurmFresh" in await events_about(kube, sync_bed.bed.namespace, LEASE)
+
+            await wait_for("a SlurmFresh Event on the syncer's Lease", told_fresh, timeout=10)
+        finally:
+            await set_cordon(kube, node, False)
+
+        async def resumed() -> bool:
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            return "DRAIN" not in state
+
+        await wait_for("the uncordon to resume it", resumed, timeout=10)
+
+
+def slurmd_pid(name: str) -> int:
+    """The slurmd process of the slurmd pod `name` (slurmd -D -Z -N <name> ...)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[0].endswith(b"slurmd") and name.encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no slurmd process for {name}")
+
+
+async def test_a_hung_slurmd_shows_as_not_responding_on_kubernetes(
+    kube: AsyncClient, sync_bed: SyncBed
+) -> None:
+    """slurmd is frozen (SIGSTOP), not killed: a killed container is restarted by the
+    node at once and registers again before Slurm notices; a hung slurmd is what
+    Slurm marks NOT_RESPONDING, after a failed ping (up to SlurmdTimeout/3 + MessageTimeout)."""
+    node = sync_bed.bed.nodes[1]
+    slurm_node = sync_bed.pods[node]
+    obj = await kube.get(Node, node)
+    pod = await kube.get(Pod, slurm_node, namespace=sync_bed.bed.namespace)
+    pid = slurmd_pid(slurm_node)
+    async with syncing(kube, sync_bed):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+
+            async def not_responding() -> bool:
+                on_node = (await conditions_of(kube, obj)).get("SlurmNotResponding", ("",))
+                on_pod = (await conditions_of(kube, pod)).get("SlurmNotResponding", ("",))
+                return on_node[0] == "True" and on_pod[0] == "True"
+
+            started = time.monotonic()
+            await wait_for("SlurmNotResponding on node and pod", not_responding, timeout=90)
+            print(f"slurmd frozen → SlurmNotResponding in {time.monotonic() - started:.1f}s")
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            assert "NOT_RESPONDING" in state or "*" in state or "DOWN" in state
+
+            async def told() -> bool:
+                return "SlurmNotResponding" in await events_about(kube, "default", node)
+
+            await wait_for("an Event about it", told, timeout=10)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        async def back() -> bool:
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            on_node = (await conditions_of(kube, obj)).get("SlurmNotResponding", ("",))
+            return on_node[0] == "False" and "DRAIN" not in state and "DOWN" not in state
+
+        await wait_for("the node to respond and be undrained again", back, timeout=90)
