@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import random
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ from lightkube.types import PatchType
 
 from plugins.local import LocalBed, local_bed, wait_for
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
+from sunk.kube.leader import LeaderElector
 from sunk.local import slurmpods
 from sunk.local.node import NodeConfig
 from sunk.local.port import build
@@ -32,8 +35,10 @@ from sunk.syncer.decide import (
     LABEL_SLURM_DRAIN,
 )
 from sunk.testbed.kube import KubeAccess, KubeControlPlane
+from sunk.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.testbed
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -445,3 +450,155 @@ async def test_a_hung_slurmd_shows_as_not_responding_on_kubernetes(
             return on_node[0] == "False" and "DRAIN" not in state and "DOWN" not in state
 
         await wait_for("the node to respond and be undrained again", back, timeout=90)
+
+
+# -- chaos ------------------------------------------------------------------------
+
+CHAOS_SECONDS = 80.0
+
+
+class SyncerInstance:
+    """A syncer as `sunk syncer` runs it (own Slurm client and view, leader-elected),
+    restartable: each restart starts from nothing but what both APIs say."""
+
+    def __init__(self, kube: AsyncClient, sb: SyncBed, restd_url: str, jwt_key: Path) -> None:
+        self._kube, self._sb = kube, sb
+        self._restd_url, self._jwt_key = restd_url, jwt_key
+        self._task: asyncio.Task[None] | None = None
+        self.generation = 0
+
+    async def _run(self, identity: str) -> None:
+        credentials = JwtMinter(FileKey(self._jwt_key), "root")
+        namespace = self._sb.bed.namespace
+        async with (
+            SlurmClient(self._restd_url, credentials) as client,
+            SlurmView(client, interval=0.25, watch_jobs=False) as view,
+        ):
+
+            async def lead() -> None:
+                syncer = Syncer(
+                    self._kube, client, view, namespace=namespace, lease=(namespace, LEASE)
+                )
+                await syncer.run()
+
+            elector = LeaderElector(self._kube, namespace=namespace, name=LEASE, identity=identity)
+            await elector.run(lead)
+
+    def start(self) -> None:
+        self.generation += 1
+        self._task = asyncio.create_task(self._run(f"chaos-{self.generation}"))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def restart_slurmctld(cluster: SlurmCluster, down_for: float) -> None:
+    """Stop slurmctld (it saves its state), wait, start it again and wait until it answers."""
+    cluster.supervisor.stop("slurmctld")
+    time.sleep(down_for)
+    cluster.supervisor.spawn("slurmctld", cluster.sandbox().argv(["slurmctld", "-D"]))
+    deadline = time.monotonic() + 30
+    while cluster.run(["scontrol", "ping"], check=False, timeout=10).stdout.count("UP") == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("slurmctld did not come back within 30 s")
+        time.sleep(0.1)
+
+
+def restart_slurmrestd(cluster: SlurmCluster, down_for: float) -> None:
+    cluster.stop_restd()
+    time.sleep(down_for)
+    cluster.start_restd()
+
+
+async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) -> None:
+    """Restart the syncer, slurmrestd and slurmctld at random while nodes are cordoned
+    and uncordoned and admins drain and resume at random; then every cordoned node is
+    drained, every admin drain is still there with its reason, and no sunk drain is
+    left once its cause is gone. SUNK_CHAOS_SEED replays a run."""
+    seed = int(os.environ.get("SUNK_CHAOS_SEED", time.time_ns() % 2**32))
+    print(f"chaos seed {seed} (SUNK_CHAOS_SEED={seed} replays it)")
+    log.warning("chaos seed %d", seed)
+    rng = random.Random(seed)  # noqa: S311 - seeded on purpose, to replay a run
+    bed, cluster = sync_bed.bed, sync_bed.bed.cluster
+    access = cluster.access()
+    cordoned: set[str] = set()
+    admin: dict[str, str] = {}  # Kubernetes node → the admin's drain reason
+    syncer = SyncerInstance(kube, sync_bed, access.restd_url, access.jwt_key)
+    done: list[str] = []
+
+    async def invariants() -> list[str]:
+        broken = []
+        for node in bed.nodes:
+            state, reason = await slurm_reason(sync_bed, sync_bed.pods[node])
+            if not state:
+                broken.append(f"{node}: slurmctld did not answer")
+            elif node in admin:
+                if "DRAIN" not in state or reason != admin[node]:
+                    broken.append(f"{node}: admin drain {admin[node]!r} lost: {state} {reason!r}")
+            elif node in cordoned:
+                if "DRAIN" not in state or not reason.startswith("sunk/syncer: node cordoned"):
+                    broken.append(f"{node}: cordoned but {state} {reason!r}")
+            elif "DRAIN" in state:
+                broken.append(f"{node}: drain left behind: {state} {reason!r}")
+        return broken
+
+    syncer.start()
+    try:
+        deadline = time.monotonic() + CHAOS_SECONDS
+        step = 0
+        while time.monotonic() < deadline:
+            step += 1
+            node = rng.choice(bed.nodes)
+            slurm_node = sync_bed.pods[node]
+            kind = rng.choices(
+                ["cordon", "admin", "syncer", "slurmrestd", "slurmctld"], [6, 4, 2, 1, 1]
+            )[0]
+            if kind == "cordon":
+                on = node not in cordoned
+                await set_cordon(kube, node, on)
+                (cordoned.add if on else cordoned.discard)(node)
+                done.append(f"{'cordon' if on else 'uncordon'} {node}")
+            elif kind == "admin" and node in admin:
+                await scontrol(sync_bed, "update", f"nodename={slurm_node}", "state=resume")
+                del admin[node]
+                done.append(f"admin resume {node}")
+            elif kind == "admin":
+                reason = f"admin chaos step {step}"
+                await scontrol(
+                    sync_bed, "update", f"nodename={slurm_node}", "state=drain", f"reason={reason}"
+                )
+                admin[node] = reason
+                done.append(f"admin drain {node}")
+            elif kind == "syncer":
+                await syncer.stop()
+                syncer.start()
+                done.append("restart syncer")
+            elif kind == "slurmrestd":
+                await asyncio.to_thread(restart_slurmrestd, cluster, rng.uniform(0.2, 3))
+                done.append("restart slurmrestd")
+            else:
+                await asyncio.to_thread(restart_slurmctld, cluster, rng.uniform(0.2, 3))
+                done.append("restart slurmctld")
+            await asyncio.sleep(rng.uniform(0.1, 1.5))
+        print(f"chaos: {len(done)} steps: {', '.join(done)}")
+        settle_started = time.monotonic()
+        broken: list[str] = []
+        settle_deadline = time.monotonic() + 60
+        while broken := await invariants():
+            if time.monotonic() > settle_deadline:
+                raise AssertionError(f"seed {seed}: invariants broken: {broken}; steps: {done}")
+            await asyncio.sleep(0.25)
+        print(f"chaos: invariants hold {time.monotonic() - settle_started:.1f}s after the end")
+    finally:
+        await syncer.stop()
+        await asyncio.to_thread(cluster.start_restd)
+        for node in bed.nodes:
+            await set_cordon(kube, node, False)
+            if node in admin:
+                await scontrol(
+                    sync_bed, "update", f"nodename={sync_bed.pods[node]}", "state=resume"
+                )
