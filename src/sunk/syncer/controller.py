@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
 from sunk.slurm.client import SlurmClient
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
 from sunk.slurm.models import Node as SlurmNode
 from sunk.slurm.models import NodeUpdate
 from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
@@ -58,6 +60,10 @@ CONTROLLER = "sunk-syncer"
 # While Slurm cannot be read, look again this often: the view can turn stale by
 # age alone (a hung poll), and then no state event announces its return.
 STALE_RECHECK = 2.0
+# The read right before a write waits this long, then the view's copy is used.
+GUARD_READ_TIMEOUT = 0.5
+# Stale for less than this, the syncer holds still without saying so.
+STALE_GRACE = 3.0
 
 # Slurm states that show on Kubernetes as Events when they begin and end:
 # condition type → (Event reason when True, Event reason when False).
@@ -169,6 +175,8 @@ class Syncer:
             "metadata": {"namespace": lease[0], "name": lease[1]},
         }
         self._stale_reason = "Slurm not read yet"
+        self._stale_since: float | None = None  # monotonic; None while fresh
+        self._announced = False  # the pause was told (condition and Event)
         self._nodes: Informer[Node] = Informer(kube, Node)
         self._pods: Informer[Pod] = Informer(
             kube, Pod, namespace=namespace, labels={LABEL_NODESET: operators.exists()}
@@ -209,6 +217,18 @@ class Syncer:
     async def _on_view_state(self, event: StateEvent) -> None:
         if event.state is ViewState.STALE:
             self._stale_reason = f"Slurm cannot be read: {event.reason}"
+            if self._stale_since is None:
+                self._stale_since = time.monotonic()
+        elif event.state is ViewState.FRESH:
+            await self._note_fresh()
+
+    async def _note_stale(self) -> float:
+        """Seconds the view has been stale; announced once it is STALE_GRACE or more."""
+        if self._stale_since is None:  # stale by age alone: no state event said so
+            self._stale_since = time.monotonic()
+        waited = time.monotonic() - self._stale_since
+        if waited >= STALE_GRACE and not self._announced:
+            self._announced = True
             log.warning("pausing: %s", self._stale_reason)
             await self._events.emit(
                 self._lease,
@@ -217,7 +237,12 @@ class Syncer:
                 action="Pause",
                 type_="Warning",
             )
-        elif event.state is ViewState.FRESH:
+        return waited
+
+    async def _note_fresh(self) -> None:
+        self._stale_since = None
+        if self._announced:
+            self._announced = False
             log.info("Slurm can be read again: resuming")
             await self._events.emit(
                 self._lease, "SlurmFresh", "Slurm can be read again; syncing", action="Resume"
@@ -266,10 +291,16 @@ class Syncer:
             )
             return None
         if not self._view.fresh:
+            # Nothing is done on stale data. A blip (the 24.11 defect can fail a
+            # read or two after a change) is not worth a condition on every node.
+            waited = await self._note_stale()
+            if waited < STALE_GRACE:
+                return Result(requeue_after=STALE_GRACE - waited + 0.05)
             decision = stale(self._stale_reason)
             await self._mirror_on_node(node, decision)
             await self._mirror_on_pod(pod, decision)
             return Result(requeue_after=STALE_RECHECK)
+        await self._note_fresh()
         slurm_node = self._view.node(pod_state(pod).name)
         decision = decide(
             kube_node_state(node, self._watched),
@@ -288,7 +319,7 @@ class Syncer:
                 # Read the node again first: a drain someone made since the view was
                 # read is theirs, and must not be overwritten. (Slurm has no
                 # conditional update; this leaves a window of one round trip.)
-                fresh = await self._view.refresh_node(slurm_name)
+                fresh = await self._read_node(slurm_name)
                 if fresh is None or (fresh.draining and not fresh.reason.startswith(REASON_PREFIX)):
                     continue
                 if fresh.draining and fresh.reason == action.reason:
@@ -314,7 +345,7 @@ class Syncer:
                         action="Drain",
                     )
             elif isinstance(action, Resume):
-                fresh = await self._view.refresh_node(slurm_name)
+                fresh = await self._read_node(slurm_name)
                 # Resume only what is still ours: someone may have drained it since.
                 if fresh is not None and fresh.draining and fresh.reason == action.reason:
                     await self.slurm_writes.acquire()
@@ -334,7 +365,24 @@ class Syncer:
                 await self._slurm.update_node(slurm_name, NodeUpdate(comment=action.comment))
                 self.metrics.actions.labels(kind="comment").inc()
         if decision.slurm:
-            await self._view.refresh_node(slurm_name)
+            self._view.poll_now()  # show what was written without waiting for the next poll
+
+    async def _read_node(self, name: str) -> SlurmNode | None:
+        """The Slurm node as it is now, read right before a write that depends on it.
+
+        Not through the view's refresh_node: a failed read there marks the whole
+        view stale, and slurmrestd 24.11 sometimes fails single-node reads after
+        a change ("Unable to query partitions"), or hangs on them until its
+        MessageTimeout. Then the view's copy (at most one poll old) has to do,
+        rather than holding the write back; an unreachable Slurm still raises.
+        """
+        try:
+            async with asyncio.timeout(GUARD_READ_TIMEOUT):
+                return await self._slurm.node(name)
+        except (SlurmAuthError, SlurmUnavailableError):
+            raise
+        except (SlurmApiError, TimeoutError):
+            return self._view.node(name)
 
     async def _mirror_on_node(self, node: Node, decision: Decision) -> None:
         await self._write_metadata(node, decision)
