@@ -118,6 +118,16 @@ async def slurm_reason(sb: SyncBed, name: str) -> tuple[str, str]:
     return fields.get("State", ""), fields.get("Reason", "")
 
 
+async def wait_drain(sb: SyncBed, name: str, reason: str | None, what: str) -> None:
+    """Wait until Slurm node `name` is drained with `reason`, or (None) not drained."""
+
+    async def there() -> bool:
+        state, now = await slurm_reason(sb, name)
+        return "DRAIN" not in state if reason is None else "DRAIN" in state and now == reason
+
+    await wait_for(what, there, timeout=10)
+
+
 async def scontrol(sb: SyncBed, *args: str) -> None:
     await asyncio.to_thread(sb.bed.cluster.run, ["scontrol", *args])
 
@@ -169,20 +179,13 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
             patch_type=PatchType.MERGE,
         )
 
-        async def drained() -> bool:
-            state, reason = await slurm_reason(sync_bed, slurm_node)
-            return "DRAIN" in state and reason == "sunk/syncer: node cordoned: swap PSU"
-
-        await wait_for("the cordon to drain the Slurm node", drained, timeout=10)
+        ours = "sunk/syncer: node cordoned: swap PSU"
+        await wait_drain(sync_bed, slurm_node, ours, "the cordon to drain the Slurm node")
         print(f"cordon → Slurm drain in {time.monotonic() - started:.2f}s")
 
         await kube.patch(Node, node, {"spec": {"unschedulable": False}}, patch_type=PatchType.MERGE)
 
-        async def resumed() -> bool:
-            state, _ = await slurm_reason(sync_bed, slurm_node)
-            return "DRAIN" not in state
-
-        await wait_for("the uncordon to resume it", resumed, timeout=10)
+        await wait_drain(sync_bed, slurm_node, None, "the uncordon to resume it")
 
         async def told() -> bool:
             reasons = await events_about(kube, "default", node)
@@ -321,17 +324,12 @@ async def test_a_drain_removed_in_slurm_while_the_cordon_lasts_is_put_back(
     node = sync_bed.bed.nodes[2]
     slurm_node = sync_bed.pods[node]
     ours = "sunk/syncer: node cordoned"
-
-    async def drained() -> bool:
-        state, reason = await slurm_reason(sync_bed, slurm_node)
-        return "DRAIN" in state and reason == ours
-
     async with syncing(kube, sync_bed):
         await set_cordon(kube, node, True)
         try:
-            await wait_for("the cordon to drain the node", drained, timeout=10)
+            await wait_drain(sync_bed, slurm_node, ours, "the cordon to drain the node")
             await scontrol(sync_bed, "update", f"nodename={slurm_node}", "state=resume")
-            await wait_for("the drain to be put back", drained, timeout=10)
+            await wait_drain(sync_bed, slurm_node, ours, "the drain to be put back")
 
             async def told() -> bool:
                 return "SlurmDrainRestored" in await events_about(kube, "default", node)
@@ -340,11 +338,7 @@ async def test_a_drain_removed_in_slurm_while_the_cordon_lasts_is_put_back(
         finally:
             await set_cordon(kube, node, False)
 
-        async def resumed() -> bool:
-            state, _ = await slurm_reason(sync_bed, slurm_node)
-            return "DRAIN" not in state
-
-        await wait_for("the uncordon to resume it", resumed, timeout=10)
+        await wait_drain(sync_bed, slurm_node, None, "the uncordon to resume it")
 
 
 async def test_a_slurmrestd_outage_pauses_the_syncer_until_it_returns(
@@ -378,12 +372,9 @@ async def test_a_slurmrestd_outage_pauses_the_syncer_until_it_returns(
             await asyncio.to_thread(cluster.start_restd)
         try:
             await wait_for("SlurmSynced=True again", lambda: synced("True"), timeout=30)
-
-            async def drained() -> bool:
-                state, reason = await slurm_reason(sync_bed, slurm_node)
-                return "DRAIN" in state and reason == "sunk/syncer: node cordoned"
-
-            await wait_for("the cordon made meanwhile to drain the node", drained, timeout=10)
+            await wait_drain(
+                sync_bed, slurm_node, "sunk/syncer: node cordoned", "the cordon made meanwhile"
+            )
 
             async def told_fresh() -> bool:
                 return "SlurmFresh" in await events_about(kube, sync_bed.bed.namespace, LEASE)
@@ -392,11 +383,7 @@ async def test_a_slurmrestd_outage_pauses_the_syncer_until_it_returns(
         finally:
             await set_cordon(kube, node, False)
 
-        async def resumed() -> bool:
-            state, _ = await slurm_reason(sync_bed, slurm_node)
-            return "DRAIN" not in state
-
-        await wait_for("the uncordon to resume it", resumed, timeout=10)
+        await wait_drain(sync_bed, slurm_node, None, "the uncordon to resume it")
 
 
 def slurmd_pid(name: str) -> int:

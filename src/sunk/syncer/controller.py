@@ -226,6 +226,7 @@ class Syncer:
         """Seconds the view has been stale; announced once it is STALE_GRACE or more."""
         if self._stale_since is None:  # stale by age alone: no state event said so
             self._stale_since = time.monotonic()
+            self._stale_reason = "Slurm cannot be read: no poll has succeeded for a while"
         waited = time.monotonic() - self._stale_since
         if waited >= STALE_GRACE and not self._announced:
             self._announced = True
