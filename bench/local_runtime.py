@@ -125,6 +125,24 @@ async def wait_nodes(kube: AsyncClient, names: list[str], limit: float) -> None:
         await asyncio.sleep(0.2)
 
 
+async def tear_down(
+    kube: AsyncClient | None,
+    runtime: subprocess.Popen[bytes] | None,
+    cluster: SlurmCluster | None,
+    supervisor: Supervisor,
+) -> None:
+    """Stop a benchmark's bed: the client, the node runtime (its pods go with it), Slurm,
+    then every other daemon (the control plane)."""
+    if kube is not None:
+        await kube.close()
+    if runtime is not None and runtime.poll() is None:
+        runtime.send_signal(signal.SIGTERM)
+        runtime.wait(120)
+    if cluster is not None:
+        await asyncio.to_thread(cluster.stop)
+    supervisor.stop_all()
+
+
 def idle_nodes(cluster: SlurmCluster) -> int:
     out = cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False, timeout=30).stdout
     return sum(1 for line in out.splitlines() if line.split()[1:] == ["idle"])
@@ -235,14 +253,7 @@ async def bench(pods: int, nodes: int, direct: bool) -> None:
             f" / {max(peak_rss, steady['peak_rss_mib']):.0f} MiB, {steady['threads']} threads"
         )
     finally:
-        if kube is not None:
-            await kube.close()
-        if runtime is not None and runtime.poll() is None:
-            runtime.send_signal(signal.SIGTERM)
-            runtime.wait(60)
-        if cluster is not None:
-            await asyncio.to_thread(cluster.stop)
-        supervisor.stop_all()
+        await tear_down(kube, runtime, cluster, supervisor)
         shutil.rmtree(state, ignore_errors=True)
 
 

@@ -139,9 +139,18 @@ def syncer(
         int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
     ] = 9090,
     lease_namespace: LeaseNamespaceOption = "default",
+    slurm_writes: Annotated[
+        float, typer.Option(help="Slurm writes per second (burst: --slurm-burst; 0: no limit).")
+    ] = 20.0,
+    slurm_burst: Annotated[int, typer.Option(help="Slurm writes allowed at once.")] = 50,
+    kube_writes: Annotated[
+        float, typer.Option(help="Kubernetes writes per second (0: no limit).")
+    ] = 50.0,
+    kube_burst: Annotated[int, typer.Option(help="Kubernetes writes allowed at once.")] = 100,
     verbose: VerboseOption = False,
 ) -> None:
     """Keep Kubernetes and Slurm in step about every node (leader-elected)."""
+    from sunk.syncer.ratelimit import WriteLimits
     from sunk.syncer.run import SyncerConfig, main
 
     _component_logging(verbose)
@@ -156,6 +165,7 @@ def syncer(
             lock_effect=lock_effect,
             lease_namespace=lease_namespace,
             metrics_port=metrics_port or None,
+            limits=WriteLimits(slurm_writes, slurm_burst, kube_writes, kube_burst),
         )
     )
 

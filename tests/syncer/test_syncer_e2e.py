@@ -4,33 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import random
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from plugins.local import LocalBed, local_bed, wait_for
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
+from sunk.kube.leader import LeaderElector
 from sunk.local import slurmpods
 from sunk.local.node import NodeConfig
 from sunk.local.port import build
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk.syncer.controller import Syncer
+from sunk.syncer.controller import CONTROLLER, Syncer
 from sunk.syncer.decide import (
     ANNOTATION_SLURM_REASON,
     CORDON_REASON_ANNOTATION,
     LABEL_SLURM_DRAIN,
 )
 from sunk.testbed.kube import KubeAccess, KubeControlPlane
+from sunk.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.testbed
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,7 +57,7 @@ async def sync_bed(
         pytest.skip("the local runtime needs the bed's own CA")
 
     def nodes(tag: str) -> list[NodeConfig]:
-        return [NodeConfig(f"sy{tag}-{i}") for i in (1, 2)]
+        return [NodeConfig(f"sy{tag}-{i}") for i in (1, 2, 3)]
 
     async with local_bed(kube_control_plane, kube_access, kube, nodes, prefix="t-sync") as bed:
         access = bed.cluster.access()
@@ -75,9 +83,13 @@ async def sync_bed(
                 yield SyncBed(bed, pods, client, view)
 
 
+LEASE = "sunk-syncer-test"
+
+
 @contextlib.asynccontextmanager
 async def syncing(kube: AsyncClient, sb: SyncBed) -> AsyncIterator[Syncer]:
-    syncer = Syncer(kube, sb.client, sb.view, namespace=sb.bed.namespace)
+    lease = (sb.bed.namespace, LEASE)
+    syncer = Syncer(kube, sb.client, sb.view, namespace=sb.bed.namespace, lease=lease)
     task = asyncio.create_task(syncer.run())
     try:
         yield syncer
@@ -88,7 +100,8 @@ async def syncing(kube: AsyncClient, sb: SyncBed) -> AsyncIterator[Syncer]:
 
 
 def scontrol_node(sb: SyncBed, name: str) -> dict[str, str]:
-    out = sb.bed.cluster.run(["scontrol", "-o", "show", "node", name]).stdout
+    """The node's fields; none while slurmctld does not answer (callers poll)."""
+    out = sb.bed.cluster.run(["scontrol", "-o", "show", "node", name], check=False).stdout
     fields: dict[str, str] = {}
     for part in out.replace("Reason=", "\nReason=").split("\n"):
         if part.startswith("Reason="):
@@ -103,6 +116,50 @@ def scontrol_node(sb: SyncBed, name: str) -> dict[str, str]:
 async def slurm_reason(sb: SyncBed, name: str) -> tuple[str, str]:
     fields = await asyncio.to_thread(scontrol_node, sb, name)
     return fields.get("State", ""), fields.get("Reason", "")
+
+
+async def wait_drain(sb: SyncBed, name: str, reason: str | None, what: str) -> None:
+    """Wait until Slurm node `name` is drained with `reason`, or (None) not drained."""
+
+    async def there() -> bool:
+        state, now = await slurm_reason(sb, name)
+        return "DRAIN" not in state if reason is None else "DRAIN" in state and now == reason
+
+    await wait_for(what, there, timeout=10)
+
+
+async def scontrol(sb: SyncBed, *args: str) -> None:
+    await asyncio.to_thread(sb.bed.cluster.run, ["scontrol", *args])
+
+
+async def set_cordon(kube: AsyncClient, node: str, on: bool, why: str | None = None) -> None:
+    body: dict[str, object] = {"spec": {"unschedulable": on}}
+    if why is not None:
+        body["metadata"] = {"annotations": {CORDON_REASON_ANNOTATION: why}}
+    await kube.patch(Node, node, body, patch_type=PatchType.MERGE)
+
+
+async def conditions_of(kube: AsyncClient, obj: Node | Pod) -> dict[str, tuple[str, str]]:
+    """type → (status, reason) of a node's or pod's conditions, read now."""
+    assert obj.metadata is not None
+    if isinstance(obj, Node):
+        fresh: Node | Pod = await kube.get(Node, obj.metadata.name or "")
+    else:
+        fresh = await kube.get(Pod, obj.metadata.name or "", namespace=obj.metadata.namespace)
+    found = (fresh.status.conditions if fresh.status else None) or []
+    return {c.type: (c.status, c.reason or "") for c in found}
+
+
+async def events_about(kube: AsyncClient, namespace: str, name: str) -> list[str]:
+    """Reasons of the syncer's Events about the object `name`.
+
+    Read through core/v1: events.k8s.io/v1 lists fail to decode the other
+    components' Events, whose eventTime is null."""
+    return [
+        e.reason or ""
+        async for e in kube.list(Event, namespace=namespace)
+        if e.reportingComponent == CONTROLLER and e.involvedObject.name == name
+    ]
 
 
 async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
@@ -122,20 +179,19 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
             patch_type=PatchType.MERGE,
         )
 
-        async def drained() -> bool:
-            state, reason = await slurm_reason(sync_bed, slurm_node)
-            return "DRAIN" in state and reason == "sunk/syncer: node cordoned: swap PSU"
-
-        await wait_for("the cordon to drain the Slurm node", drained, timeout=10)
+        ours = "sunk/syncer: node cordoned: swap PSU"
+        await wait_drain(sync_bed, slurm_node, ours, "the cordon to drain the Slurm node")
         print(f"cordon → Slurm drain in {time.monotonic() - started:.2f}s")
 
         await kube.patch(Node, node, {"spec": {"unschedulable": False}}, patch_type=PatchType.MERGE)
 
-        async def resumed() -> bool:
-            state, _ = await slurm_reason(sync_bed, slurm_node)
-            return "DRAIN" not in state
+        await wait_drain(sync_bed, slurm_node, None, "the uncordon to resume it")
 
-        await wait_for("the uncordon to resume it", resumed, timeout=10)
+        async def told() -> bool:
+            reasons = await events_about(kube, "default", node)
+            return "SlurmDrain" in reasons and "SlurmResume" in reasons
+
+        await wait_for("Events about the drain and the resume", told, timeout=10)
         registry = syncer.metrics.registry
         assert (registry.get_sample_value("sunk_syncer_actions_total", {"kind": "drain"}) or 0) >= 1
         assert (
@@ -143,6 +199,8 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
         ) >= 1
         assert registry.get_sample_value("sunk_syncer_slurm_view_fresh") == 1
         assert (registry.get_sample_value("sunk_syncer_reconcile_seconds_count") or 0) > 0
+        assert (registry.get_sample_value("sunk_syncer_slurm_requests") or 0) > 0
+        assert registry.get_sample_value("sunk_syncer_write_wait_seconds", {"api": "slurm"}) == 0
 
 
 async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
@@ -174,6 +232,25 @@ async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
                 )
 
             await wait_for("the Slurm drain on the Kubernetes node", mirrored, timeout=10)
+
+            async def on_the_pod() -> bool:
+                pod = await kube.get(Pod, slurm_node, namespace=sync_bed.bed.namespace)
+                assert pod.metadata is not None
+                conditions = await conditions_of(kube, pod)
+                return (
+                    (pod.metadata.annotations or {}).get(ANNOTATION_SLURM_REASON) == reason
+                    and (pod.metadata.labels or {}).get(LABEL_SLURM_DRAIN) == "true"
+                    and conditions.get("SlurmDrain") == ("True", "SlurmDrain")
+                    and conditions.get("SlurmSynced") == ("True", "InStep")
+                    and conditions.get("Ready", ("",))[0] == "True"  # the kubelet's stay
+                )
+
+            await wait_for("the Slurm drain on the slurmd pod", on_the_pod, timeout=10)
+
+            async def told() -> bool:
+                return "SlurmDrained" in await events_about(kube, "default", node)
+
+            await wait_for("an Event about the Slurm drain", told, timeout=10)
             # A cordon and uncordon do not take it over, and do not resume it.
             await kube.patch(
                 Node, node, {"spec": {"unschedulable": True}}, patch_type=PatchType.MERGE
@@ -226,3 +303,289 @@ async def test_the_node_lock_taint_follows_a_running_job(
             )
         ).stdout
         assert "FAILED" not in state
+
+
+async def test_the_slurm_node_comment_names_its_pod(kube: AsyncClient, sync_bed: SyncBed) -> None:
+    node = sync_bed.bed.nodes[2]
+    slurm_node = sync_bed.pods[node]
+    wanted = f"k8s pod {sync_bed.bed.namespace}/{slurm_node} on node {node}"
+    async with syncing(kube, sync_bed):
+
+        async def commented() -> bool:
+            argv = ["scontrol", "show", "node", slurm_node]
+            return wanted in (await asyncio.to_thread(sync_bed.bed.cluster.run, argv)).stdout
+
+        await wait_for("the pod's identity in the Slurm node's comment", commented, timeout=10)
+
+
+async def test_a_drain_removed_in_slurm_while_the_cordon_lasts_is_put_back(
+    kube: AsyncClient, sync_bed: SyncBed
+) -> None:
+    node = sync_bed.bed.nodes[2]
+    slurm_node = sync_bed.pods[node]
+    ours = "sunk/syncer: node cordoned"
+    async with syncing(kube, sync_bed):
+        await set_cordon(kube, node, True)
+        try:
+            await wait_drain(sync_bed, slurm_node, ours, "the cordon to drain the node")
+            await scontrol(sync_bed, "update", f"nodename={slurm_node}", "state=resume")
+            await wait_drain(sync_bed, slurm_node, ours, "the drain to be put back")
+
+            async def told() -> bool:
+                return "SlurmDrainRestored" in await events_about(kube, "default", node)
+
+            await wait_for("an Event saying it was put back", told, timeout=10)
+        finally:
+            await set_cordon(kube, node, False)
+
+        await wait_drain(sync_bed, slurm_node, None, "the uncordon to resume it")
+
+
+async def test_a_slurmrestd_outage_pauses_the_syncer_until_it_returns(
+    kube: AsyncClient, sync_bed: SyncBed
+) -> None:
+    node = sync_bed.bed.nodes[2]
+    slurm_node = sync_bed.pods[node]
+    cluster = sync_bed.bed.cluster
+    obj = await kube.get(Node, node)
+    async with syncing(kube, sync_bed) as syncer:
+
+        async def synced(status: str) -> bool:
+            return (await conditions_of(kube, obj)).get("SlurmSynced", ("",))[0] == status
+
+        await wait_for("SlurmSynced=True", lambda: synced("True"), timeout=10)
+        await asyncio.to_thread(cluster.stop_restd)
+        try:
+            await wait_for("SlurmSynced=False", lambda: synced("False"), timeout=20)
+            assert syncer.metrics.registry.get_sample_value("sunk_syncer_slurm_view_fresh") == 0
+
+            async def told_stale() -> bool:
+                return "SlurmStale" in await events_about(kube, sync_bed.bed.namespace, LEASE)
+
+            await wait_for("a SlurmStale Event on the syncer's Lease", told_stale, timeout=10)
+            # A cordon while paused is not lost: it drains once Slurm answers.
+            await set_cordon(kube, node, True)
+            await asyncio.sleep(1)
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            assert "DRAIN" not in state
+        finally:
+            await asyncio.to_thread(cluster.start_restd)
+        try:
+            await wait_for("SlurmSynced=True again", lambda: synced("True"), timeout=30)
+            await wait_drain(
+                sync_bed, slurm_node, "sunk/syncer: node cordoned", "the cordon made meanwhile"
+            )
+
+            async def told_fresh() -> bool:
+                return "SlurmFresh" in await events_about(kube, sync_bed.bed.namespace, LEASE)
+
+            await wait_for("a SlurmFresh Event on the syncer's Lease", told_fresh, timeout=10)
+        finally:
+            await set_cordon(kube, node, False)
+
+        await wait_drain(sync_bed, slurm_node, None, "the uncordon to resume it")
+
+
+def slurmd_pid(name: str) -> int:
+    """The slurmd process of the slurmd pod `name` (slurmd -D -Z -N <name> ...)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[0].endswith(b"slurmd") and name.encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no slurmd process for {name}")
+
+
+async def test_a_hung_slurmd_shows_as_not_responding_on_kubernetes(
+    kube: AsyncClient, sync_bed: SyncBed
+) -> None:
+    """slurmd is frozen (SIGSTOP), not killed: a killed container is restarted by the
+    node at once and registers again before Slurm notices; a hung slurmd is what
+    Slurm marks NOT_RESPONDING, after a failed ping (up to SlurmdTimeout/3 + MessageTimeout)."""
+    node = sync_bed.bed.nodes[1]
+    slurm_node = sync_bed.pods[node]
+    obj = await kube.get(Node, node)
+    pod = await kube.get(Pod, slurm_node, namespace=sync_bed.bed.namespace)
+    pid = slurmd_pid(slurm_node)
+    async with syncing(kube, sync_bed):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+
+            async def not_responding() -> bool:
+                on_node = (await conditions_of(kube, obj)).get("SlurmNotResponding", ("",))
+                on_pod = (await conditions_of(kube, pod)).get("SlurmNotResponding", ("",))
+                return on_node[0] == "True" and on_pod[0] == "True"
+
+            started = time.monotonic()
+            await wait_for("SlurmNotResponding on node and pod", not_responding, timeout=90)
+            print(f"slurmd frozen → SlurmNotResponding in {time.monotonic() - started:.1f}s")
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            assert "NOT_RESPONDING" in state or "*" in state or "DOWN" in state
+
+            async def told() -> bool:
+                return "SlurmNotResponding" in await events_about(kube, "default", node)
+
+            await wait_for("an Event about it", told, timeout=10)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        async def back() -> bool:
+            state, _ = await slurm_reason(sync_bed, slurm_node)
+            on_node = (await conditions_of(kube, obj)).get("SlurmNotResponding", ("",))
+            return on_node[0] == "False" and "DRAIN" not in state and "DOWN" not in state
+
+        await wait_for("the node to respond and be undrained again", back, timeout=90)
+
+
+# -- chaos ------------------------------------------------------------------------
+
+CHAOS_SECONDS = 80.0
+
+
+class SyncerInstance:
+    """A syncer as `sunk syncer` runs it (own Slurm client and view, leader-elected),
+    restartable: each restart starts from nothing but what both APIs say."""
+
+    def __init__(self, kube: AsyncClient, sb: SyncBed, restd_url: str, jwt_key: Path) -> None:
+        self._kube, self._sb = kube, sb
+        self._restd_url, self._jwt_key = restd_url, jwt_key
+        self._task: asyncio.Task[None] | None = None
+        self.generation = 0
+
+    async def _run(self, identity: str) -> None:
+        credentials = JwtMinter(FileKey(self._jwt_key), "root")
+        namespace = self._sb.bed.namespace
+        async with (
+            SlurmClient(self._restd_url, credentials) as client,
+            SlurmView(client, interval=0.25, watch_jobs=False) as view,
+        ):
+
+            async def lead() -> None:
+                syncer = Syncer(
+                    self._kube, client, view, namespace=namespace, lease=(namespace, LEASE)
+                )
+                await syncer.run()
+
+            elector = LeaderElector(self._kube, namespace=namespace, name=LEASE, identity=identity)
+            await elector.run(lead)
+
+    def start(self) -> None:
+        self.generation += 1
+        self._task = asyncio.create_task(self._run(f"chaos-{self.generation}"))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def restart_slurmctld(cluster: SlurmCluster, down_for: float) -> None:
+    """Stop slurmctld (it saves its state), wait, start it again and wait until it answers."""
+    cluster.supervisor.stop("slurmctld")
+    time.sleep(down_for)
+    cluster.supervisor.spawn("slurmctld", cluster.sandbox().argv(["slurmctld", "-D"]))
+    deadline = time.monotonic() + 30
+    while cluster.run(["scontrol", "ping"], check=False, timeout=10).stdout.count("UP") == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("slurmctld did not come back within 30 s")
+        time.sleep(0.1)
+
+
+def restart_slurmrestd(cluster: SlurmCluster, down_for: float) -> None:
+    cluster.stop_restd()
+    time.sleep(down_for)
+    cluster.start_restd()
+
+
+async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) -> None:
+    """Restart the syncer, slurmrestd and slurmctld at random while nodes are cordoned
+    and uncordoned and admins drain and resume at random; then every cordoned node is
+    drained, every admin drain is still there with its reason, and no sunk drain is
+    left once its cause is gone. SUNK_CHAOS_SEED replays a run."""
+    seed = int(os.environ.get("SUNK_CHAOS_SEED", time.time_ns() % 2**32))
+    print(f"chaos seed {seed} (SUNK_CHAOS_SEED={seed} replays it)")
+    log.warning("chaos seed %d", seed)
+    rng = random.Random(seed)  # noqa: S311 - seeded on purpose, to replay a run
+    bed, cluster = sync_bed.bed, sync_bed.bed.cluster
+    access = cluster.access()
+    cordoned: set[str] = set()
+    admin: dict[str, str] = {}  # Kubernetes node → the admin's drain reason
+    syncer = SyncerInstance(kube, sync_bed, access.restd_url, access.jwt_key)
+    done: list[str] = []
+
+    async def invariants() -> list[str]:
+        broken = []
+        for node in bed.nodes:
+            state, reason = await slurm_reason(sync_bed, sync_bed.pods[node])
+            if not state:
+                broken.append(f"{node}: slurmctld did not answer")
+            elif node in admin:
+                if "DRAIN" not in state or reason != admin[node]:
+                    broken.append(f"{node}: admin drain {admin[node]!r} lost: {state} {reason!r}")
+            elif node in cordoned:
+                if "DRAIN" not in state or not reason.startswith("sunk/syncer: node cordoned"):
+                    broken.append(f"{node}: cordoned but {state} {reason!r}")
+            elif "DRAIN" in state:
+                broken.append(f"{node}: drain left behind: {state} {reason!r}")
+        return broken
+
+    syncer.start()
+    try:
+        deadline = time.monotonic() + CHAOS_SECONDS
+        step = 0
+        while time.monotonic() < deadline:
+            step += 1
+            node = rng.choice(bed.nodes)
+            slurm_node = sync_bed.pods[node]
+            kind = rng.choices(
+                ["cordon", "admin", "syncer", "slurmrestd", "slurmctld"], [6, 4, 2, 1, 1]
+            )[0]
+            if kind == "cordon":
+                on = node not in cordoned
+                await set_cordon(kube, node, on)
+                (cordoned.add if on else cordoned.discard)(node)
+                done.append(f"{'cordon' if on else 'uncordon'} {node}")
+            elif kind == "admin" and node in admin:
+                await scontrol(sync_bed, "update", f"nodename={slurm_node}", "state=resume")
+                del admin[node]
+                done.append(f"admin resume {node}")
+            elif kind == "admin":
+                reason = f"admin chaos step {step}"
+                await scontrol(
+                    sync_bed, "update", f"nodename={slurm_node}", "state=drain", f"reason={reason}"
+                )
+                admin[node] = reason
+                done.append(f"admin drain {node}")
+            elif kind == "syncer":
+                await syncer.stop()
+                syncer.start()
+                done.append("restart syncer")
+            elif kind == "slurmrestd":
+                await asyncio.to_thread(restart_slurmrestd, cluster, rng.uniform(0.2, 3))
+                done.append("restart slurmrestd")
+            else:
+                await asyncio.to_thread(restart_slurmctld, cluster, rng.uniform(0.2, 3))
+                done.append("restart slurmctld")
+            await asyncio.sleep(rng.uniform(0.1, 1.5))
+        print(f"chaos: {len(done)} steps: {', '.join(done)}")
+        settle_started = time.monotonic()
+        broken: list[str] = []
+        settle_deadline = time.monotonic() + 60
+        while broken := await invariants():
+            if time.monotonic() > settle_deadline:
+                raise AssertionError(f"seed {seed}: invariants broken: {broken}; steps: {done}")
+            await asyncio.sleep(0.25)
+        print(f"chaos: invariants hold {time.monotonic() - settle_started:.1f}s after the end")
+    finally:
+        await syncer.stop()
+        await asyncio.to_thread(cluster.start_restd)
+        for node in bed.nodes:
+            await set_cordon(kube, node, False)
+            if node in admin:
+                await scontrol(
+                    sync_bed, "update", f"nodename={sync_bed.pods[node]}", "state=resume"
+                )

@@ -15,11 +15,14 @@ from sunk.syncer.decide import (
     Drain,
     KubeNodeState,
     Resume,
+    SetComment,
     SetTaint,
     SlurmdPodState,
     SlurmState,
     cause,
     decide,
+    pod_comment,
+    stale,
 )
 
 ADMIN = "bad DIMM, ticket 42"
@@ -30,7 +33,8 @@ def node(**kw: Any) -> KubeNodeState:
 
 
 def pod(**kw: Any) -> SlurmdPodState:
-    return SlurmdPodState(**{"name": "gpu-n1", "ready": True, "terminating": False, **kw})
+    defaults = {"name": "gpu-n1", "ready": True, "terminating": False, "namespace": "hpc"}
+    return SlurmdPodState(**{**defaults, "node": "n1", **kw})
 
 
 def slurm(**kw: Any) -> SlurmState:
@@ -41,6 +45,7 @@ def slurm(**kw: Any) -> SlurmState:
         "reason": "",
         "responding": True,
         "busy": False,
+        "comment": "k8s pod hpc/gpu-n1 on node n1",
     }
     return SlurmState(**{**defaults, **kw})
 
@@ -81,9 +86,12 @@ def test_a_cordon_drains_and_an_uncordon_resumes() -> None:
 
 
 def test_a_drain_removed_in_slurm_while_its_cause_lasts_comes_back() -> None:
-    assert decide(node(cordoned=True), pod(), slurm(drained=False)).slurm == [
-        Drain("sunk/syncer: node cordoned")
-    ]
+    reason = "sunk/syncer: node cordoned"
+    # The mirror on the node still shows sunk's drain: it was removed in Slurm.
+    mirrored = node(cordoned=True, annotations={ANNOTATION_SLURM_REASON: reason})
+    assert decide(mirrored, pod(), slurm(drained=False)).slurm == [Drain(reason, put_back=True)]
+    # A first drain is not a put-back.
+    assert decide(node(cordoned=True), pod(), slurm()).slurm == [Drain(reason)]
 
 
 def test_our_drain_follows_a_changed_cause() -> None:
@@ -143,3 +151,22 @@ def test_a_node_without_slurm_loses_its_mirror_and_lock() -> None:
     assert result.slurm == []
     assert result.taint == SetTaint(False, "NoExecute")
     assert result.annotations == {ANNOTATION_SLURM_STATE: None, ANNOTATION_SLURM_REASON: None}
+
+
+def test_the_slurm_comment_names_the_pod() -> None:
+    assert pod_comment(pod()) == "k8s pod hpc/gpu-n1 on node n1"
+    assert decide(node(), pod(), slurm()).slurm == []
+    moved = decide(node(), pod(node="n2"), slurm())
+    assert moved.slurm == [SetComment("k8s pod hpc/gpu-n1 on node n2")]
+
+
+def test_the_mirror_says_whether_it_is_current() -> None:
+    fresh = {c.type: c for c in decide(node(), pod(), slurm()).conditions}
+    assert fresh["SlurmSynced"].status == "True"
+    paused = stale("Slurm cannot be read: connection refused")
+    assert paused.slurm == []
+    assert paused.taint is None
+    assert paused.annotations == {}
+    assert [(c.type, c.status, c.reason) for c in paused.conditions] == [
+        ("SlurmSynced", "False", "SlurmStale")
+    ]

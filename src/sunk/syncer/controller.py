@@ -6,9 +6,12 @@ view's change events for the Slurm node of the same name as the pod). Each
 reconcile reads all three as they are now and applies what `decide` says,
 writing only what differs, so repeated or missed events do no harm.
 
-Writes to Slurm go out at once (a cordon reaches Slurm in one REST call);
-a resume is made only after a fresh read shows sunk's own reason still in
-place. Nothing is done while Slurm's view is stale.
+Writes to Slurm go out at once (a cordon reaches Slurm in one REST call),
+within the write rate limits; a resume is made only after a fresh read shows
+sunk's own reason still in place. Every action, and every Slurm state that
+shows up on Kubernetes, is told as an Event. While Slurm's view is stale
+nothing is done on either side: the node and pod get SlurmSynced=False, the
+syncer's Lease an Event, and the work resumes by itself once Slurm answers.
 """
 
 from __future__ import annotations
@@ -16,33 +19,58 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from lightkube import AsyncClient, operators
-from lightkube.models.core_v1 import Taint
+from lightkube.models.core_v1 import NodeCondition, PodCondition, Taint
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
 from sunk.kube.client import pod_ready
+from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
 from sunk.slurm.client import SlurmClient
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
 from sunk.slurm.models import Node as SlurmNode
-from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent
+from sunk.slurm.models import NodeUpdate
+from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
 from sunk.syncer.decide import (
+    REASON_PREFIX,
+    Condition,
     Decision,
     Drain,
     KubeNodeState,
     Resume,
+    SetComment,
     SlurmdPodState,
     SlurmState,
     decide,
+    stale,
 )
 from sunk.syncer.metrics import SyncerMetrics
+from sunk.syncer.ratelimit import TokenBucket, WriteLimits
 
 log = logging.getLogger(__name__)
+
+CONTROLLER = "sunk-syncer"
+# While Slurm cannot be read, look again this often: the view can turn stale by
+# age alone (a hung poll), and then no state event announces its return.
+STALE_RECHECK = 2.0
+# The read right before a write waits this long, then the view's copy is used.
+GUARD_READ_TIMEOUT = 0.5
+# Stale for less than this, the syncer holds still without saying so.
+STALE_GRACE = 3.0
+
+# Slurm states that show on Kubernetes as Events when they begin and end:
+# condition type → (Event reason when True, Event reason when False).
+STATE_EVENTS = {
+    "SlurmDown": ("SlurmDown", "SlurmUp"),
+    "SlurmNotResponding": ("SlurmNotResponding", "SlurmResponding"),
+}
 
 
 def kube_node_state(node: Node, watched_conditions: Sequence[str]) -> KubeNodeState:
@@ -70,6 +98,8 @@ def pod_state(pod: Pod) -> SlurmdPodState:
         name=(pod.metadata.name if pod.metadata else None) or "",
         ready=pod_ready(pod),
         terminating=bool(pod.metadata and pod.metadata.deletionTimestamp),
+        namespace=(pod.metadata.namespace if pod.metadata else None) or "",
+        node=(pod.spec.nodeName if pod.spec else None) or "",
     )
 
 
@@ -81,7 +111,32 @@ def slurm_state(node: SlurmNode) -> SlurmState:
         reason=node.reason,
         responding=node.responding,
         busy=not node.idle_or_down,
+        comment=node.comment,
     )
+
+
+def state_event(
+    have: NodeCondition | PodCondition | None, wanted: Condition
+) -> tuple[str, Literal["Normal", "Warning"]] | None:
+    """The Event (reason, type) a condition's change deserves, if any.
+
+    Slurm drains that began in Slurm, DOWN and NOT_RESPONDING are told when
+    they begin and end; sunk's own drains are told by their action's Event.
+    """
+    was_true = have is not None and have.status == "True"
+    now_true = wanted.status == "True"
+    if was_true == now_true:
+        return None
+    if wanted.type == "SlurmDrain":
+        if now_true and wanted.reason == "SlurmDrain":
+            return "SlurmDrained", "Warning"
+        if not now_true and have is not None and have.reason == "SlurmDrain":
+            return "SlurmDrainCleared", "Normal"
+        return None
+    if wanted.type in STATE_EVENTS:
+        on, off = STATE_EVENTS[wanted.type]
+        return (on, "Warning") if now_true else (off, "Normal")
+    return None
 
 
 class Syncer:
@@ -96,6 +151,8 @@ class Syncer:
         namespace: str | None = None,
         workers: int = 4,
         metrics: SyncerMetrics | None = None,
+        limits: WriteLimits | None = None,
+        lease: tuple[str, str] = ("default", CONTROLLER),
     ) -> None:
         self.metrics = metrics or SyncerMetrics()
         self._kube = kube
@@ -104,6 +161,22 @@ class Syncer:
         self._watched = tuple(watched_conditions)
         self._lock_effect = lock_effect
         self._workers = workers
+        self._events = EventRecorder(kube, CONTROLLER)
+        limits = limits or WriteLimits()
+        self.slurm_writes = TokenBucket(limits.slurm_rate, limits.slurm_burst)
+        self.kube_writes = TokenBucket(limits.kube_rate, limits.kube_burst)
+        self.metrics.write_wait.labels(api="slurm").set_function(lambda: self.slurm_writes.waited)
+        self.metrics.write_wait.labels(api="kube").set_function(lambda: self.kube_writes.waited)
+        self.metrics.slurm_requests.set_function(lambda: slurm.stats.requests)
+        # Events about the syncer as a whole (Slurm unreachable, back) go on its Lease.
+        self._lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"namespace": lease[0], "name": lease[1]},
+        }
+        self._stale_reason = "Slurm not read yet"
+        self._stale_since: float | None = None  # monotonic; None while fresh
+        self._announced = False  # the pause was told (condition and Event)
         self._nodes: Informer[Node] = Informer(kube, Node)
         self._pods: Informer[Pod] = Informer(
             kube, Pod, namespace=namespace, labels={LABEL_NODESET: operators.exists()}
@@ -134,10 +207,47 @@ class Syncer:
                     if pod is not None and pod.spec and pod.spec.nodeName:
                         self.queue.add(pod.spec.nodeName)
                 elif isinstance(event, StateEvent | Resync):
+                    if isinstance(event, StateEvent):
+                        await self._on_view_state(event)
                     for key in self._nodes.list_keys():
                         self.queue.add(key)
         finally:
             subscription.close()
+
+    async def _on_view_state(self, event: StateEvent) -> None:
+        if event.state is ViewState.STALE:
+            self._stale_reason = f"Slurm cannot be read: {event.reason}"
+            if self._stale_since is None:
+                self._stale_since = time.monotonic()
+        elif event.state is ViewState.FRESH:
+            await self._note_fresh()
+
+    async def _note_stale(self) -> float:
+        """Seconds the view has been stale; announced once it is STALE_GRACE or more."""
+        if self._stale_since is None:  # stale by age alone: no state event said so
+            self._stale_since = time.monotonic()
+            self._stale_reason = "Slurm cannot be read: no poll has succeeded for a while"
+        waited = time.monotonic() - self._stale_since
+        if waited >= STALE_GRACE and not self._announced:
+            self._announced = True
+            log.warning("pausing: %s", self._stale_reason)
+            await self._events.emit(
+                self._lease,
+                "SlurmStale",
+                f"{self._stale_reason}; the syncer waits and changes nothing until it can",
+                action="Pause",
+                type_="Warning",
+            )
+        return waited
+
+    async def _note_fresh(self) -> None:
+        self._stale_since = None
+        if self._announced:
+            self._announced = False
+            log.info("Slurm can be read again: resuming")
+            await self._events.emit(
+                self._lease, "SlurmFresh", "Slurm can be read again; syncing", action="Resume"
+            )
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -177,42 +287,118 @@ class Syncer:
             return None
         pod = self._slurmd_pod_on(name)
         if pod is None:
-            decision = decide(kube_node_state(node, self._watched), None, None)
-        else:
-            if not self._view.fresh:
-                return None  # a StateEvent requeues every node once the view is fresh
-            slurm_node = self._view.node(pod_state(pod).name)
-            decision = decide(
-                kube_node_state(node, self._watched),
-                pod_state(pod),
-                slurm_state(slurm_node) if slurm_node is not None else None,
-                lock_effect=self._lock_effect,
+            await self._mirror_on_node(
+                node, decide(kube_node_state(node, self._watched), None, None)
             )
-            await self._apply_slurm(pod_state(pod).name, decision)
-        await self._apply_kube(node, decision)
+            return None
+        if not self._view.fresh:
+            # Nothing is done on stale data. A blip (the 24.11 defect can fail a
+            # read or two after a change) is not worth a condition on every node.
+            waited = await self._note_stale()
+            if waited < STALE_GRACE:
+                return Result(requeue_after=STALE_GRACE - waited + 0.05)
+            decision = stale(self._stale_reason)
+            await self._mirror_on_node(node, decision)
+            await self._mirror_on_pod(pod, decision)
+            return Result(requeue_after=STALE_RECHECK)
+        await self._note_fresh()
+        slurm_node = self._view.node(pod_state(pod).name)
+        decision = decide(
+            kube_node_state(node, self._watched),
+            pod_state(pod),
+            slurm_state(slurm_node) if slurm_node is not None else None,
+            lock_effect=self._lock_effect,
+        )
+        await self._apply_slurm(node, pod_state(pod).name, decision)
+        await self._mirror_on_node(node, decision)
+        await self._mirror_on_pod(pod, decision)
         return None
 
-    async def _apply_slurm(self, slurm_name: str, decision: Decision) -> None:
+    async def _apply_slurm(self, node: Node, slurm_name: str, decision: Decision) -> None:
         for action in decision.slurm:
             if isinstance(action, Drain):
+                # Read the node again first: a drain someone made since the view was
+                # read is theirs, and must not be overwritten. (Slurm has no
+                # conditional update; this leaves a window of one round trip.)
+                fresh = await self._read_node(slurm_name)
+                if fresh is None or (fresh.draining and not fresh.reason.startswith(REASON_PREFIX)):
+                    continue
+                if fresh.draining and fresh.reason == action.reason:
+                    continue
+                await self.slurm_writes.acquire()
                 log.info("drain %s: %s", slurm_name, action.reason)
                 await self._slurm.drain(slurm_name, action.reason)
                 self.metrics.actions.labels(kind="drain").inc()
+                if action.put_back:
+                    await self._events.emit(
+                        node,
+                        "SlurmDrainRestored",
+                        f"Slurm node {slurm_name}: the drain was removed in Slurm while its "
+                        f"cause lasts; drained again: {action.reason}",
+                        action="Drain",
+                        type_="Warning",
+                    )
+                else:
+                    await self._events.emit(
+                        node,
+                        "SlurmDrain",
+                        f"drained Slurm node {slurm_name}: {action.reason}",
+                        action="Drain",
+                    )
             elif isinstance(action, Resume):
-                fresh = await self._view.refresh_node(slurm_name)
+                fresh = await self._read_node(slurm_name)
                 # Resume only what is still ours: someone may have drained it since.
                 if fresh is not None and fresh.draining and fresh.reason == action.reason:
+                    await self.slurm_writes.acquire()
                     log.info("resume %s (was: %s)", slurm_name, action.reason)
                     await self._slurm.resume(slurm_name)
                     self.metrics.actions.labels(kind="resume").inc()
+                    await self._events.emit(
+                        node,
+                        "SlurmResume",
+                        f"resumed Slurm node {slurm_name}: its cause is gone "
+                        f"(was: {action.reason})",
+                        action="Resume",
+                    )
+            elif isinstance(action, SetComment):
+                await self.slurm_writes.acquire()
+                log.info("comment %s: %s", slurm_name, action.comment)
+                await self._slurm.update_node(slurm_name, NodeUpdate(comment=action.comment))
+                self.metrics.actions.labels(kind="comment").inc()
         if decision.slurm:
-            await self._view.refresh_node(slurm_name)
+            self._view.poll_now()  # show what was written without waiting for the next poll
 
-    async def _apply_kube(self, node: Node, decision: Decision) -> None:
-        assert node.metadata is not None
-        name = node.metadata.name or ""
-        annotations = node.metadata.annotations or {}
-        labels = node.metadata.labels or {}
+    async def _read_node(self, name: str) -> SlurmNode | None:
+        """The Slurm node as it is now, read right before a write that depends on it.
+
+        Not through the view's refresh_node: a failed read there marks the whole
+        view stale, and slurmrestd 24.11 sometimes fails single-node reads after
+        a change ("Unable to query partitions"), or hangs on them until its
+        MessageTimeout. Then the view's copy (at most one poll old) has to do,
+        rather than holding the write back; an unreachable Slurm still raises.
+        """
+        try:
+            async with asyncio.timeout(GUARD_READ_TIMEOUT):
+                return await self._slurm.node(name)
+        except (SlurmAuthError, SlurmUnavailableError):
+            raise
+        except (SlurmApiError, TimeoutError):
+            return self._view.node(name)
+
+    async def _mirror_on_node(self, node: Node, decision: Decision) -> None:
+        await self._write_metadata(node, decision)
+        if decision.taint is not None:
+            await self._set_lock(node, decision.taint.present, decision.taint.effect)
+        await self._set_conditions(node, decision.conditions)
+
+    async def _mirror_on_pod(self, pod: Pod, decision: Decision) -> None:
+        await self._write_metadata(pod, decision)
+        await self._set_conditions(pod, decision.conditions)
+
+    async def _write_metadata(self, obj: Node | Pod, decision: Decision) -> None:
+        assert obj.metadata is not None
+        annotations = obj.metadata.annotations or {}
+        labels = obj.metadata.labels or {}
         metadata: dict[str, Any] = {}
         changed_annotations = {
             k: v for k, v in decision.annotations.items() if annotations.get(k) != v
@@ -223,11 +409,8 @@ class Syncer:
         if changed_labels:
             metadata["labels"] = changed_labels
         if metadata:
-            await self._kube.patch(Node, name, {"metadata": metadata}, patch_type=PatchType.MERGE)
+            await self._patch(obj, {"metadata": metadata}, status=False)
             self.metrics.actions.labels(kind="annotate").inc()
-        if decision.taint is not None:
-            await self._set_lock(node, decision.taint.present, decision.taint.effect)
-        await self._set_conditions(node, decision)
 
     async def _set_lock(self, node: Node, present: bool, effect: str) -> None:
         assert node.metadata is not None
@@ -248,15 +431,43 @@ class Syncer:
                 "value": [t.to_dict() for t in wanted],
             },
         ]
+        await self.kube_writes.acquire()
         await self._kube.patch(Node, node.metadata.name or "", patch, patch_type=PatchType.JSON)
         self.metrics.actions.labels(kind="taint" if present else "untaint").inc()
+        if present:
+            note = f"a Slurm job runs on this node: taint {TAINT_NODE_LOCK}:{effect} keeps "
+            note += "other pods off"
+            await self._events.emit(node, "SlurmNodeLocked", note, action="Taint")
+        else:
+            note = f"no Slurm job runs on this node any more: taint {TAINT_NODE_LOCK} removed"
+            await self._events.emit(node, "SlurmNodeUnlocked", note, action="Untaint")
 
-    async def _set_conditions(self, node: Node, decision: Decision) -> None:
-        assert node.metadata is not None
-        current = {c.type: c for c in ((node.status.conditions if node.status else None) or [])}
+    async def _patch(self, obj: Node | Pod, body: dict[str, Any], *, status: bool) -> None:
+        """Merge `body` into a node or pod (its status with `status`), within the write limit.
+
+        Strategic merge keys conditions by type, so the kubelet's own stay."""
+        assert obj.metadata is not None
+        name, patch_type = obj.metadata.name or "", PatchType.STRATEGIC
+        await self.kube_writes.acquire()
+        if isinstance(obj, Node):
+            await self._kube.patch(
+                Node.Status if status else Node, name, body, patch_type=patch_type
+            )
+        else:
+            namespace = obj.metadata.namespace
+            resource = Pod.Status if status else Pod
+            await self._kube.patch(resource, name, body, namespace=namespace, patch_type=patch_type)
+
+    async def _set_conditions(self, obj: Node | Pod, conditions: Sequence[Condition]) -> None:
+        assert obj.metadata is not None
+        have_all: Sequence[NodeCondition | PodCondition] = (
+            obj.status.conditions if obj.status else None
+        ) or []
+        current = {c.type: c for c in have_all}
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         updates = []
-        for wanted in decision.conditions:
+        told: list[tuple[str, Literal["Normal", "Warning"], Condition]] = []
+        for wanted in conditions:
             have = current.get(wanted.type)
             if have is not None and (have.status, have.reason, have.message or "") == (
                 wanted.status,
@@ -267,22 +478,29 @@ class Syncer:
             since = now
             if have is not None and have.status == wanted.status and have.lastTransitionTime:
                 since = have.lastTransitionTime.strftime("%Y-%m-%dT%H:%M:%SZ")
-            updates.append(
-                {
-                    "type": wanted.type,
-                    "status": wanted.status,
-                    "reason": wanted.reason,
-                    "message": wanted.message,
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": since,
-                }
+            update = {
+                "type": wanted.type,
+                "status": wanted.status,
+                "reason": wanted.reason,
+                "message": wanted.message,
+                "lastTransitionTime": since,
+            }
+            if isinstance(obj, Node):
+                update["lastHeartbeatTime"] = now
+            updates.append(update)
+            if (event := state_event(have, wanted)) is not None:
+                told.append((*event, wanted))
+        if not updates:
+            return
+        await self._patch(obj, {"status": {"conditions": updates}}, status=True)
+        self.metrics.actions.labels(kind="condition").inc()
+        for reason, type_, condition in told:
+            note = f"Slurm: {condition.type}={condition.status}"
+            note += f" ({condition.message})" if condition.message else ""
+            await self._events.emit(
+                obj,
+                reason,
+                note,
+                action="Mirror",
+                type_="Warning" if type_ == "Warning" else "Normal",
             )
-        if updates:
-            # Strategic merge keys node conditions by type: the kubelet's own stay.
-            await self._kube.patch(
-                Node.Status,
-                node.metadata.name or "",
-                {"status": {"conditions": updates}},
-                patch_type=PatchType.STRATEGIC,
-            )
-            self.metrics.actions.labels(kind="condition").inc()

@@ -12,10 +12,11 @@ A drain someone removed in Slurm while its cause persists is put back. A
 drain made by a person, or by the NodeSet controller, is never overwritten
 or resumed.
 
-Slurm → Kubernetes. The Slurm state shows on the node (and pod) as an
-annotation with the reason, conditions (SlurmDrain, SlurmDown,
-SlurmNotResponding, SlurmAllocated), a label tools can select on, and the
-node-lock taint while a job runs.
+Slurm → Kubernetes. The Slurm state shows on the node and its slurmd pod
+as an annotation with the reason, conditions (SlurmDrain, SlurmDown,
+SlurmNotResponding, SlurmAllocated, and SlurmSynced saying whether they are
+current), a label tools can select on, and the node-lock taint while a job
+runs. The Slurm node's comment names the pod, for `scontrol show node`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ CORDON_REASON_ANNOTATION = f"{DOMAIN}/cordon-reason"
 ANNOTATION_SLURM_STATE = f"{DOMAIN}/slurm-state"
 ANNOTATION_SLURM_REASON = f"{DOMAIN}/slurm-reason"
 LABEL_SLURM_DRAIN = f"{DOMAIN}/slurm-drain"  # "true" | "false", for PDBs and tools
+# True while the Slurm* conditions are current; False while Slurm cannot be read.
+CONDITION_SYNCED = "SlurmSynced"
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class SlurmdPodState:
     name: str
     ready: bool
     terminating: bool
+    namespace: str = ""
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,14 @@ class SlurmState:
     reason: str
     responding: bool
     busy: bool  # a job runs or completes on it
+    comment: str = ""
 
 
 @dataclass(frozen=True)
 class Drain:
     reason: str
+    # The drain sunk made was removed in Slurm while its cause lasts.
+    put_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,9 +93,14 @@ class Condition:
     message: str
 
 
+@dataclass(frozen=True)
+class SetComment:
+    comment: str
+
+
 @dataclass
 class Decision:
-    slurm: list[Drain | Resume] = field(default_factory=list)
+    slurm: list[Drain | Resume | SetComment] = field(default_factory=list)
     taint: SetTaint | None = None
     annotations: dict[str, str | None] = field(default_factory=dict)  # None: remove
     labels: dict[str, str | None] = field(default_factory=dict)
@@ -108,6 +121,16 @@ def cause(node: KubeNodeState, pod: SlurmdPodState | None) -> str | None:
     if pod is not None and not pod.ready:
         return f"{REASON_PREFIX} slurmd pod {pod.name} not ready"
     return None
+
+
+def pod_comment(pod: SlurmdPodState) -> str:
+    """The Slurm node's comment: which pod it is, for `scontrol show node`."""
+    return f"k8s pod {pod.namespace}/{pod.name} on node {pod.node}"
+
+
+def stale(reason: str) -> Decision:
+    """Slurm cannot be read: act on neither side, only say the mirror is not current."""
+    return Decision(conditions=[Condition(CONDITION_SYNCED, "False", "SlurmStale", reason)])
 
 
 def decide(
@@ -131,9 +154,14 @@ def decide(
     ours = slurm.drained and slurm.reason.startswith(REASON_PREFIX)
     if wanted is not None:
         if not slurm.drained or (ours and slurm.reason != wanted):
-            decision.slurm.append(Drain(wanted))
+            # The mirror still shows sunk's own drain: someone removed it in Slurm.
+            mirrored = node.annotations.get(ANNOTATION_SLURM_REASON, "")
+            put_back = not slurm.drained and mirrored.startswith(REASON_PREFIX)
+            decision.slurm.append(Drain(wanted, put_back))
     elif ours:
         decision.slurm.append(Resume(slurm.reason))
+    if pod is not None and slurm.comment != pod_comment(pod):
+        decision.slurm.append(SetComment(pod_comment(pod)))
 
     # Slurm → Kubernetes.
     state = slurm.base_state + ("+DRAIN" if slurm.drained else "")
@@ -161,6 +189,7 @@ def decide(
             "",
         ),
         Condition("SlurmAllocated", _bool(slurm.busy), slurm.base_state, ""),
+        Condition(CONDITION_SYNCED, "True", "InStep", ""),
     ]
     if slurm.busy != _has_lock(node):
         decision.taint = SetTaint(slurm.busy, lock_effect)

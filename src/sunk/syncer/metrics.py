@@ -33,6 +33,17 @@ class SyncerMetrics:
             ["state", "drain"],
             registry=self.registry,
         )
+        self.write_wait = Gauge(
+            f"{NAMESPACE}_write_wait_seconds",
+            "Time writes have waited for the write rate limit, in total, by API.",
+            ["api"],
+            registry=self.registry,
+        )
+        self.slurm_requests = Gauge(
+            f"{NAMESPACE}_slurm_requests",
+            "REST requests sent to slurmrestd since the syncer started (reads and writes).",
+            registry=self.registry,
+        )
         self.view_fresh = Gauge(
             f"{NAMESPACE}_slurm_view_fresh",
             "1 while the Slurm view is fresh; 0 while stale (the syncer then waits).",

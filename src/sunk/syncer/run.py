@@ -6,7 +6,7 @@ import asyncio
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import start_http_server
@@ -18,6 +18,7 @@ from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 from sunk.syncer.controller import Syncer
 from sunk.syncer.metrics import SyncerMetrics
+from sunk.syncer.ratelimit import WriteLimits
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class SyncerConfig:
     lease_name: str = "sunk-syncer"
     identity: str = ""
     metrics_port: int | None = 9090  # None: no /metrics endpoint
+    limits: WriteLimits = field(default_factory=WriteLimits)
 
 
 async def run_syncer(config: SyncerConfig) -> None:
@@ -57,6 +59,8 @@ async def run_syncer(config: SyncerConfig) -> None:
                 lock_effect=config.lock_effect,
                 namespace=config.namespace,
                 metrics=metrics,
+                limits=config.limits,
+                lease=(config.lease_namespace, config.lease_name),
             )
             await syncer.run()
 
