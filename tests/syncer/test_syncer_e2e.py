@@ -495,6 +495,23 @@ def restart_slurmctld(cluster: SlurmCluster, down_for: float) -> None:
         time.sleep(0.1)
 
 
+def admin_update(cluster: SlurmCluster, node: str, *args: str) -> None:
+    """`scontrol update` as an admin would, repeated until slurmctld confirms it: right
+    after a restart, or on a busy machine, slurmctld can leave a request unanswered
+    (MessageTimeout) that it may or may not have applied. Resuming an undrained node
+    is refused; a repeat that meets that has done its job."""
+    deadline = time.monotonic() + 60
+    while True:
+        proc = cluster.run(["scontrol", "update", f"nodename={node}", *args], check=False)
+        if proc.returncode == 0 or (
+            "state=resume" in args and "Invalid node state" in proc.stderr + proc.stdout
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"scontrol update {node} {args}: {proc.stderr}")
+        time.sleep(0.5)
+
+
 def restart_slurmrestd(cluster: SlurmCluster, down_for: float) -> None:
     cluster.stop_restd()
     time.sleep(down_for)
@@ -550,14 +567,13 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
                 (cordoned.add if on else cordoned.discard)(node)
                 done.append(f"{'cordon' if on else 'uncordon'} {node}")
             elif kind == "admin" and node in admin:
-                await scontrol(sync_bed, "update", f"nodename={slurm_node}", "state=resume")
+                await asyncio.to_thread(admin_update, cluster, slurm_node, "state=resume")
                 del admin[node]
                 done.append(f"admin resume {node}")
             elif kind == "admin":
                 reason = f"admin chaos step {step}"
-                await scontrol(
-                    sync_bed, "update", f"nodename={slurm_node}", "state=drain", f"reason={reason}"
-                )
+                drain = ("state=drain", f"reason={reason}")
+                await asyncio.to_thread(admin_update, cluster, slurm_node, *drain)
                 admin[node] = reason
                 done.append(f"admin drain {node}")
             elif kind == "syncer":
@@ -586,6 +602,4 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
         for node in bed.nodes:
             await set_cordon(kube, node, False)
             if node in admin:
-                await scontrol(
-                    sync_bed, "update", f"nodename={sync_bed.pods[node]}", "state=resume"
-                )
+                await asyncio.to_thread(admin_update, cluster, sync_bed.pods[node], "state=resume")
