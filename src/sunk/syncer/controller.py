@@ -149,7 +149,10 @@ class Syncer:
         watched_conditions: Sequence[str] = (),
         lock_effect: str = "NoExecute",
         namespace: str | None = None,
-        workers: int = 4,
+        # Nodes reconciled at once. Most of a reconcile is waiting on the two APIs
+        # (a Slurm write can take seconds on a busy slurmctld); the write limits,
+        # not the worker count, bound the load on them.
+        workers: int = 16,
         metrics: SyncerMetrics | None = None,
         limits: WriteLimits | None = None,
         lease: tuple[str, str] = ("default", CONTROLLER),
