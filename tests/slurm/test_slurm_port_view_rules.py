@@ -250,3 +250,24 @@ async def test_a_read_slurmctld_answered_too_late_is_retried_before_stale() -> N
         await view.refresh()
     assert view.state is ViewState.STALE
     await view.client.aclose()
+
+
+async def test_a_start_cancelled_before_the_first_read_leaves_no_poll_task() -> None:
+    hung = asyncio.Event()
+
+    async def never_answers(request: httpx2.Request) -> httpx2.Response:
+        await hung.wait()
+        raise AssertionError("unreachable")
+
+    client = SlurmClient(
+        "http://slurm", StaticToken("root", "t"), transport=httpx2.MockTransport(never_answers)
+    )
+    view = SlurmView(client, interval=3600, watch_jobs=False)
+    starting = asyncio.create_task(view.start())
+    await asyncio.sleep(0.05)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert view.state is ViewState.CLOSED
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "slurm-view"]
+    await client.aclose()

@@ -280,7 +280,12 @@ class SlurmView:
             return
         first = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._run(first), name="slurm-view")
-        await first
+        try:
+            await first
+        except BaseException:
+            # Cancelled while starting: the poll task must not outlive the caller.
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         task, self._task = self._task, None
