@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sunk.testbed.helm import ensure_helm
 from sunk.testbed.kube import KubeAccess, KubeControlPlane, ensure_binaries
 from sunk.testbed.procs import Supervisor
 from sunk.testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
@@ -25,6 +26,7 @@ class Prepared:
 
     kube_bin: Path
     rootfs: Path
+    helm: Path
     seconds: float
     cold: bool  # True when anything had to be built or downloaded
 
@@ -53,7 +55,8 @@ class Bed:
 
         kube_bin = ensure_binaries(note)
         rootfs = ensure_rootfs("trixie", note)
-        return Prepared(kube_bin, rootfs, time.monotonic() - started, cold)
+        helm = ensure_helm(note)
+        return Prepared(kube_bin, rootfs, helm, time.monotonic() - started, cold)
 
     def kube(self, log: Log = print) -> KubeControlPlane:
         return KubeControlPlane(self.state_dir, self.supervisor, log=log)

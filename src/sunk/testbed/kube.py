@@ -97,7 +97,7 @@ def ensure_binaries(log: Callable[[str], None]) -> Path:
         f" (log: {build_log})"
     )
     # One build at a time per cache: a second caller waits for the first.
-    with _locked(out.parent / f"{out.name}.lock"):
+    with locked(out.parent / f"{out.name}.lock"):
         if (out / ".complete").exists():
             return out
         with build_log.open("ab") as sink:
@@ -122,7 +122,7 @@ def ensure_binaries(log: Callable[[str], None]) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -445,7 +445,7 @@ class KubeControlPlane:
         Idempotent: with everything already up this is a few health checks.
         """
         bin_dir = ensure_binaries(self._log)
-        with _locked(self.dir / ".lock"):
+        with locked(self.dir / ".lock"):
             state = self._prepare()
             ports = Ports(**state["ports"])
             access = KubeAccess.from_json(state["access"])
