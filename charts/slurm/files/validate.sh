@@ -3,21 +3,30 @@
 # candidate configuration (same binary as the cluster's) and fails the release
 # if Slurm rejects it, before any ConfigMap of the cluster changes.
 # It runs as SlurmUser in its own pod: its own host name stands in for
-# SlurmctldHost, its own empty state directory, no accounting.
+# SlurmctldHost, its own empty state directory and munged (with a throwaway
+# key), no accounting.
 set -eu
 work=/tmp/validate
 mkdir -p "$work/etc" "$work/state" "$work/keys"
+mkdir -m 0700 "$work/munge"
 cp /candidate/* "$work/etc/"
 head -c 48 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/keys/jwt_hs256.key"
+head -c 1024 /dev/urandom > "$work/munge/munge.key"
+chmod 0400 "$work/munge/munge.key" "$work/keys/jwt_hs256.key"
+munged --force --key-file="$work/munge/munge.key" --socket="$work/munge/munge.socket" \
+  --pid-file="$work/munge/munged.pid" --log-file="$work/munge/munged.log" \
+  --seed-file="$work/munge/munged.seed"
+trap 'kill "$(cat "$work/munge/munged.pid")" 2>/dev/null || true' EXIT
 me=$(hostname)
 sed -i \
   -e '/^SlurmctldHost=/d' \
   -e '/^AccountingStorage/d' \
+  -e '/^AuthInfo=/d' \
   -e "s#^StateSaveLocation=.*#StateSaveLocation=$work/state#" \
   -e "s#^SlurmctldPidFile=.*#SlurmctldPidFile=$work/slurmctld.pid#" \
   -e "s#jwt_key=/run/slurm-keys/jwt_hs256.key#jwt_key=$work/keys/jwt_hs256.key#" \
   "$work/etc/slurm.conf"
-sed -i "1i SlurmctldHost=$me" "$work/etc/slurm.conf"
+sed -i -e "1i SlurmctldHost=$me(127.0.0.1)" -e "1i AuthInfo=socket=$work/munge/munge.socket" "$work/etc/slurm.conf"
 export SLURM_CONF="$work/etc/slurm.conf"
 slurmctld -D -i -f "$SLURM_CONF" >"$work/log" 2>&1 &
 pid=$!
