@@ -17,7 +17,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -370,27 +370,34 @@ async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
         nodeset_api.resource(),
     ]
 
-    async def nothing_left() -> bool:
+    async def leftovers() -> list[str]:
+        found = []
         for kind in leftover_kinds:
             async for obj in bed.kube.list(kind, namespace=ns):
                 name = obj.metadata.name if obj.metadata else ""
                 # The namespace's own CA bundle; the test's own state claim.
-                if name in ("kube-root-ca.crt", STATE_CLAIM):
-                    continue
-                return False
+                if name not in ("kube-root-ca.crt", STATE_CLAIM):
+                    found.append(f"{kind.__name__}/{name}")
         async for pv in bed.kube.list(PersistentVolume):
             claim = pv.spec.claimRef if pv.spec else None
             if claim is not None and claim.namespace == ns and claim.name != STATE_CLAIM:
-                return False
-        return True
+                found.append(f"PersistentVolume/{pv.metadata.name if pv.metadata else ''}")
+        return found
 
-    await charts.wait_until("the release's objects gone", nothing_left, 120)
+    try:
+        await charts.wait_until("the release's objects gone", lambda: _none(leftovers), 300)
+    except TimeoutError as error:
+        raise AssertionError(f"left behind: {await leftovers()}") from error
     accounts = [a.metadata.name async for a in bed.kube.list(ServiceAccount, namespace=ns)]
     assert accounts == ["default"]
     helm_made = {"app.kubernetes.io/managed-by": "Helm"}
     for kind in (ClusterRole, ClusterRoleBinding):
         names = [o.metadata.name async for o in bed.kube.list(kind, labels=helm_made) if o.metadata]
         assert not names
+
+
+async def _none(listing: Callable[[], Awaitable[list[str]]]) -> bool:
+    return not await listing()
 
 
 async def _node_of(bed: ChartBed, pod: str) -> str:
