@@ -352,6 +352,14 @@ async def test_the_backup_controller_serves_squeue_when_the_primary_dies(
         assert re.search(r"backup\) at \S+ is UP", ping), ping
     finally:
         await bed.runtime.start_node(primary_node)
+    # The primary takes its place again once its node is back.
+    await bed.poll_ssh(
+        "the primary back in charge",
+        "scontrol ping",
+        r"(?s)primary\) at \S+ is UP.*backup\) at \S+ is UP",
+        240,
+    )
+    await bed.poll_ssh("the held job still queued", f"squeue -h -j {job} -o %T", "PENDING", 60)
 
 
 async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
