@@ -27,6 +27,7 @@ from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
 
+from sunk.kube.client import pod_ready
 from sunk.testbed.slurm import SANDBOX_SETTINGS
 
 STORAGE_CLASS = "sunk-local"
@@ -162,8 +163,7 @@ async def pod_ip(kube: AsyncClient, namespace: str, selector: Mapping[str, str])
             continue
         if pod.metadata.deletionTimestamp is not None:
             continue
-        ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
-        if ready:
+        if pod_ready(pod):
             return status.podIP
     return None
 
