@@ -60,7 +60,8 @@ def main() -> None:
         submitted, _ = ssh("cd && sbatch --parsable --wrap hostname")
         job = submitted.strip().split(";")[0]
         t = time.monotonic()
-        while "COMPLETED" not in ssh(f"sacct -n -X -j {job} -o State")[0]:
+        sacct = [f"sacct -n -X -j {job} -o State"]
+        while "COMPLETED" not in bed.ssh(key, login, sacct, timeout=60).stdout:
             if time.monotonic() - t > 120:
                 raise SystemExit(f"job {job} did not complete")
             time.sleep(0.5)
@@ -74,7 +75,7 @@ def main() -> None:
         left = rooted_in(state)
         print("sunk local up (warm caches), 2 cores shared with other work:")
         for line in up.stderr.splitlines():
-            if re.search(r"ready in|Ready in|installed in|up in|idle in", line):
+            if re.search(r"ready in|Ready in|installed in|up in|idle in|sacct in", line):
                 print(f"  {line.strip()}")
         print(f"  up, command to usable Slurm       {up_s:6.1f} s")
         print(f"  sinfo over ssh                    {sinfo_s:6.1f} s: {' '.join(sinfo.split())}")

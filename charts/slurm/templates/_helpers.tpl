@@ -52,9 +52,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- with .c.nodeSelector }}
 nodeSelector: {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .c.tolerations }}
-tolerations: {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- /* Slurm's own pods are not the "stray" pods the syncer's node lock
+  (a NoExecute taint while a job runs) must evict from a node. */}}
+tolerations:
+  - {key: sunk.dev/slurm-job, operator: Exists}
+  {{- with .c.tolerations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- with .c.affinity }}
 affinity: {{- toYaml . | nindent 2 }}
 {{- end }}

@@ -38,9 +38,12 @@ spec:
       {{- with .c.nodeSelector }}
       nodeSelector: {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with .c.tolerations }}
-      tolerations: {{- toYaml . | nindent 8 }}
-      {{- end }}
+      # sunk's own node lock (NoExecute while a Slurm job runs) must not evict sunk.
+      tolerations:
+        - {key: sunk.dev/slurm-job, operator: Exists}
+        {{- with .c.tolerations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       {{- with .c.affinity }}
       affinity: {{- toYaml . | nindent 8 }}
       {{- end }}

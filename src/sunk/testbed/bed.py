@@ -184,6 +184,14 @@ class Bed:
             interval=1,
         )
         log(f"{len(nodes)} compute nodes idle in Slurm in {time.monotonic() - t3:.1f}s")
+        t4 = time.monotonic()
+        await charts.wait_until(
+            "accounting (sacct) answering",
+            lambda: asyncio.to_thread(self._accounting_up, key, login),
+            300,
+            interval=1,
+        )
+        log(f"accounting answers sacct in {time.monotonic() - t4:.1f}s")
         return BedAccess(kube, login, key, USER_NAME, nodes)
 
     async def _start_components(self, client: AsyncClient, kube: KubeAccess, restd: str) -> None:
@@ -225,6 +233,9 @@ class Bed:
         proc = self.ssh(key, login, ["sinfo -h -N -o '%N %t'"], timeout=30)
         states = dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
         return all(states.get(node) == "idle" for node in nodes)
+
+    def _accounting_up(self, key: Path, login: str) -> bool:
+        return self.ssh(key, login, ["sacct -n -X"], timeout=30).returncode == 0
 
     def ssh(
         self, key: Path, login: str, command: Sequence[str], *, timeout: float | None = None
