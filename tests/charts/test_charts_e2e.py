@@ -47,9 +47,10 @@ from lightkube.resources.core_v1 import (
 )
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
+from plugins.local import runtime_for_tests
 from sunk.api import nodeset as nodeset_api
 from sunk.local.node import NodeConfig
-from sunk.local.runtime import ControlPlaneIdentities, LocalRuntime, RuntimeConfig
+from sunk.local.runtime import LocalRuntime
 from sunk.operator import OperatorConfig, run_operator
 from sunk.testbed import charts
 from sunk.testbed.helm import Helm, HelmError, ensure_helm
@@ -135,18 +136,7 @@ async def bed(
         )
         for i, pool in enumerate(pools, start=1)
     ]
-    runtime = LocalRuntime(
-        RuntimeConfig(
-            state_dir=state / "nodes",
-            rootfs=rootfs,
-            nodes=nodes,
-            backoff_initial=0.5,
-            backoff_max=2.0,
-            volume_refresh=0.5,
-            stop_grace=2.0,
-        ),
-        ControlPlaneIdentities(kube_control_plane, kube_access.admin_kubeconfig),
-    )
+    runtime = runtime_for_tests(state / "nodes", rootfs, nodes, kube_control_plane, kube_access)
     namespace = f"charts-{tag}"
     helm = Helm(helm_binary, kube_access.admin_kubeconfig, state / "helm")
     key = state / "id_ed25519"

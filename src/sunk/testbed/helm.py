@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sunk.testbed.kube import locked
+from sunk.testbed.kube import build_log, build_once
 from sunk.testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 
 HELM_VERSION = "v3.22.0"
@@ -28,27 +28,11 @@ def helm_dir() -> Path:
 def ensure_helm(log: Callable[[str], None]) -> Path:
     """The helm binary, built into the cache unless a finished build is there."""
     out = helm_dir()
-    binary = out / "helm"
-    if (out / ".complete").exists():
-        return binary
-    build_log = out.parent / f"{HELM_VERSION}.build.log"
-    log(f"building helm {HELM_VERSION} into {out} (log: {build_log})")
-    with locked(out.parent / f"{HELM_VERSION}.lock"):
-        if (out / ".complete").exists():
-            return binary
-        with build_log.open("ab") as sink:
-            result = subprocess.run(
-                ["bash", str(SCRIPTS / "helm" / "build.sh"), str(out), HELM_VERSION],
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                check=False,
-            )
-    if result.returncode != 0:
-        tail = "\n".join(build_log.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"building helm failed (see {build_log}):\n{tail}")
-    log("helm built")
-    return binary
+    if not (out / ".complete").exists():
+        log(f"building helm {HELM_VERSION} into {out} (log: {build_log(out)})")
+        build_once(out, [str(SCRIPTS / "helm" / "build.sh"), str(out), HELM_VERSION], "helm")
+        log("helm built")
+    return out / "helm"
 
 
 class HelmError(subprocess.CalledProcessError):
