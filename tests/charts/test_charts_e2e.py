@@ -62,6 +62,7 @@ RELEASE = "hpc"
 USER = charts.User("alice", 2000, "")
 COMPUTE_NODES = 3
 STATE_CLAIM = "ctld-state"
+JOBSCRIPTS_LOG = "/home/jobscripts.log"
 
 
 @dataclass
@@ -150,6 +151,9 @@ async def bed(
     for part in ("login", "restapi", "accounting"):
         values.setdefault(part, {})["nodeSelector"] = {charts.NODE_POOL_LABEL: "services"}
     values["accounting"]["mariadb"]["nodeSelector"] = {charts.NODE_POOL_LABEL: "services"}
+    # Job scripts run by run-parts on the compute pods, as root; /home is shared.
+    values["prolog"] = {"10-record": f"#!/bin/sh\necho prolog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
+    values["epilog"] = {"90-record": f"#!/bin/sh\necho epilog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
     operator: asyncio.Task[None] | None = None
     try:
         await runtime.start()
@@ -277,6 +281,12 @@ async def test_sbatch_runs_to_completion_and_sacct_shows_it(bed: ChartBed) -> No
     )
     out = (await bed.ssh(f"cat ~/slurm-{job}.out")).stdout
     assert out.startswith("hello from compute-")
+    await bed.poll_ssh(
+        "prolog.d and epilog.d ran for the job",
+        f"cat {JOBSCRIPTS_LOG}",
+        rf"(?s)prolog {job}\n.*epilog {job}\n",
+        60,
+    )
 
 
 async def test_srun_on_three_nodes_prints_three_names(bed: ChartBed) -> None:
@@ -352,6 +362,7 @@ async def test_the_backup_controller_serves_squeue_when_the_primary_dies(
     await bed.poll_ssh("the held job still queued", f"squeue -h -j {job} -o %T", "PENDING", 60)
 
 
+@pytest.mark.timeout(600)  # two uninstalls, the pre-delete drain, then the wait
 async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
     await asyncio.to_thread(bed.helm.uninstall, RELEASE, bed.namespace)
     await asyncio.to_thread(bed.helm.uninstall, "sunk", bed.namespace)
@@ -383,7 +394,7 @@ async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
         return found
 
     try:
-        await charts.wait_until("the release's objects gone", lambda: _none(leftovers), 300)
+        await charts.wait_until("the release's objects gone", lambda: _none(leftovers), 180)
     except TimeoutError as error:
         raise AssertionError(f"left behind: {await leftovers()}") from error
     accounts = [a.metadata.name async for a in bed.kube.list(ServiceAccount, namespace=ns)]
