@@ -46,8 +46,10 @@ class Helm:
     def __init__(self, binary: Path, kubeconfig: Path | None, home: Path) -> None:
         self.binary = binary
         self.kubeconfig = kubeconfig
-        # helm's caches and repository config stay out of the user's home.
+        # helm's caches, repository config and kube discovery cache (under
+        # $HOME/.kube) stay out of the user's home and the working directory.
         self.env = {
+            "HOME": str(home),
             "HELM_CACHE_HOME": str(home / "cache"),
             "HELM_CONFIG_HOME": str(home / "config"),
             "HELM_DATA_HOME": str(home / "data"),
