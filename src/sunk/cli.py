@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -184,7 +183,8 @@ def testbed_prepare() -> None:
 
 @local.command("up")
 def local_up(state: StateOption = None) -> None:
-    """Start the local cluster (idempotent) and print how to use it."""
+    """Start the local cluster (idempotent): control plane, nodes, both charts; then wait
+    until Slurm is usable and print how to use it."""
     _require_root()
     from sunk.testbed.bed import Bed
 
@@ -192,14 +192,15 @@ def local_up(state: StateOption = None) -> None:
     access = Bed(state or default_state_dir()).up(_log)
     _log(f"[green]local cluster up[/green] in {time.monotonic() - started:.1f}s")
     print(
-        f"kubeconfig:      {access.kube.admin_kubeconfig}\n"
-        f"slurmrestd:      {access.slurm.restd_url}\n"
-        f"slurm nodes:     {', '.join(access.slurm.nodes)}\n"
+        f"kubeconfig:   {access.kube.admin_kubeconfig}\n"
+        f"login:        {access.user}@{access.login_address} (key {access.ssh_key})\n"
+        f"slurm nodes:  {', '.join(access.nodes)}\n"
         f"\n"
-        f"  export KUBECONFIG={access.kube.admin_kubeconfig}\n"
-        f"  kubectl get namespaces\n"
-        f"  sunk local slurm sinfo\n"
-        f"  sunk local slurm srun -N{len(access.slurm.nodes)} hostname\n"
+        f"  sunk local ssh                      # a login shell on the login pod\n"
+        f"  sunk local ssh sinfo\n"
+        f"  sunk local ssh srun -N{len(access.nodes)} hostname\n"
+        f"  export KUBECONFIG={access.kube.admin_kubeconfig}; kubectl -n slurm get pods,nodesets\n"
+        f"  sunk local down\n"
     )
 
 
@@ -234,25 +235,26 @@ def local_status(state: StateOption = None) -> None:
 
 
 @local.command(
-    "slurm",
+    "ssh",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )
-def local_slurm(ctx: typer.Context, state: StateOption = None) -> None:
-    """Run a Slurm command (sinfo, squeue, srun, sbatch, scontrol…) in the local cluster."""
+def local_ssh(ctx: typer.Context, state: StateOption = None) -> None:
+    """Log in to the local cluster's login pod over ssh (or run COMMAND there): sinfo,
+    sbatch, srun, sacct… as its user, as on any Slurm cluster."""
     _require_root()
-    from sunk.testbed.bed import Bed
+    from sunk.testbed import charts
+    from sunk.testbed.bed import USER_NAME, Bed
 
-    if not ctx.args:
-        console.print("usage: sunk local slurm COMMAND [ARGS…]")
-        raise typer.Exit(2)
+    bed = Bed(state or default_state_dir())
     try:
-        result = Bed(state or default_state_dir()).slurm().run(ctx.args, check=False)
-    except subprocess.TimeoutExpired as exc:
-        console.print(f"[red]timed out[/red]: {exc}")
-        raise typer.Exit(124) from exc
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    raise typer.Exit(result.returncode)
+        address = bed.login_address()
+    except RuntimeError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    argv = charts.ssh_argv(bed.ssh_key(), USER_NAME, address, ctx.args)
+    if sys.stdin.isatty() and not ctx.args:
+        argv.insert(1, "-t")
+    os.execvp(argv[0], argv)  # noqa: S606 - this process becomes the ssh session
 
 
 @local.command("nodes")

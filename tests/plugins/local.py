@@ -66,6 +66,26 @@ async def wait_for(what: str, check: Callable[[], Awaitable[bool]], timeout: flo
         await asyncio.sleep(0.1)
 
 
+def runtime_for_tests(
+    state: Path,
+    rootfs: Path,
+    nodes: Sequence[NodeConfig],
+    control_plane: KubeControlPlane,
+    access: KubeAccess,
+) -> LocalRuntime:
+    """A node runtime with test timings: quick back-off, volume refresh and stop."""
+    config = RuntimeConfig(
+        state_dir=state,
+        rootfs=rootfs,
+        nodes=nodes,
+        backoff_initial=0.5,
+        backoff_max=2.0,
+        volume_refresh=0.5,
+        stop_grace=2.0,
+    )
+    return LocalRuntime(config, ControlPlaneIdentities(control_plane, access.admin_kubeconfig))
+
+
 @contextlib.asynccontextmanager
 async def local_bed(
     control_plane: KubeControlPlane,
@@ -81,16 +101,7 @@ async def local_bed(
     state = Path(tempfile.mkdtemp(prefix="sunk-lr-", dir="/tmp"))
     tag = secrets.token_hex(2)
     node_configs = list(nodes(tag))
-    config = RuntimeConfig(
-        state_dir=state / "nodes",
-        rootfs=rootfs,
-        nodes=node_configs,
-        backoff_initial=0.5,
-        backoff_max=2.0,
-        volume_refresh=0.5,
-        stop_grace=2.0,
-    )
-    runtime = LocalRuntime(config, ControlPlaneIdentities(control_plane, access.admin_kubeconfig))
+    runtime = runtime_for_tests(state / "nodes", rootfs, node_configs, control_plane, access)
     cluster = SlurmCluster(
         state,
         Supervisor(state),

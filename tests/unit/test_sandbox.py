@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sunk.testbed.paths import cache_dir
 from sunk.testbed.sandbox import Bind, Sandbox, ids
+from sunk.testbed.slurm import rootfs_dir
 
-ROOTFS = cache_dir() / "rootfs" / "trixie"
+ROOTFS = rootfs_dir("trixie")
 
 pytestmark = pytest.mark.skipif(
     not (ROOTFS / ".complete").exists(), reason="the Slurm root filesystem is not built"

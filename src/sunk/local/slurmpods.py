@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 SLURMD_PORT = 6818
+# munge's user and group in the root filesystem (fixed by install-slurm.sh).
+MUNGE_ID = 64033
 MUNGE_SECRET = "slurm-munge-key"  # noqa: S105 - a Secret's name, not a secret
 SERVICE = "slurmctld"
 
@@ -70,8 +72,8 @@ def slurmd_pod(
     *,
     node: str | None = None,
     cpus: int = 1,
-    munge_uid: int = 100,
-    munge_gid: int = 101,
+    munge_uid: int = MUNGE_ID,
+    munge_gid: int = MUNGE_ID,
     feature: str = "dynamic",
     grace: int = 5,
 ) -> dict[str, Any]:

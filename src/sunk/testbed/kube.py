@@ -90,35 +90,40 @@ def ensure_binaries(log: Callable[[str], None]) -> Path:
     out = binaries_dir()
     if (out / ".complete").exists():
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    build_log = out.parent / f"{out.name}.build.log"
     log(
         f"building Kubernetes {KUBERNETES_VERSION} and etcd {ETCD_VERSION} into {out}"
-        f" (log: {build_log})"
+        f" (log: {build_log(out)})"
     )
-    # One build at a time per cache: a second caller waits for the first.
+    script = SCRIPTS / "kube" / "build.sh"
+    build_once(out, [str(script), str(out), KUBERNETES_VERSION, ETCD_VERSION], "Kubernetes")
+    log("Kubernetes binaries built")
+    return out
+
+
+def build_log(out: Path) -> Path:
+    return out.parent / f"{out.name}.build.log"
+
+
+def build_once(out: Path, script: Sequence[str], what: str) -> None:
+    """Run a build script (bash) that fills the cache directory `out` and marks it
+    `.complete`, unless that is done; one build at a time per cache, a second
+    caller waits for the first. Its output goes to `build_log(out)`."""
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = build_log(out)
     with _locked(out.parent / f"{out.name}.lock"):
         if (out / ".complete").exists():
-            return out
-        with build_log.open("ab") as sink:
+            return
+        with log_file.open("ab") as sink:
             result = subprocess.run(
-                [
-                    "bash",
-                    str(SCRIPTS / "kube" / "build.sh"),
-                    str(out),
-                    KUBERNETES_VERSION,
-                    ETCD_VERSION,
-                ],
+                ["bash", *script],
                 stdin=subprocess.DEVNULL,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 check=False,
             )
     if result.returncode != 0:
-        tail = "\n".join(build_log.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"building the Kubernetes binaries failed (see {build_log}):\n{tail}")
-    log("Kubernetes binaries built")
-    return out
+        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"building {what} failed (see {log_file}):\n{tail}")
 
 
 @contextlib.contextmanager

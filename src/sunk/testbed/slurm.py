@@ -82,6 +82,17 @@ _DAEMON_USER_REST = "slurmrest"
 _DAEMON_USER_MUNGE = "munge"
 
 
+# Part of the root filesystem's cache name: bump it whenever testbed/slurm/*.sh
+# change what is installed, so old clones keep their root filesystem and new
+# ones build the new one (r2: slurmdbd, MariaDB, sshd for the charts).
+ROOTFS_REVISION = 2
+
+
+def rootfs_dir(suite: str) -> Path:
+    """Where the root filesystem of `suite` at this revision is cached."""
+    return cache_dir() / "rootfs" / f"{suite}-r{ROOTFS_REVISION}"
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -101,7 +112,7 @@ def ensure_rootfs(
     process (visible in the chroot's fresh /proc), so nothing is written to
     the host or the scripts.
     """
-    out = cache_dir() / "rootfs" / suite
+    out = rootfs_dir(suite)
     if (out / ".complete").exists():
         return out
     log(f"building the Slurm root filesystem {out} (debootstrap {suite}, ~1 min)")

@@ -1,0 +1,51 @@
+#!/bin/sh
+# A helm pre-install/pre-upgrade hook: starts a throwaway slurmctld on the
+# candidate configuration (same binary as the cluster's) and fails the release
+# if Slurm rejects it, before any ConfigMap of the cluster changes.
+# It runs as SlurmUser in its own pod: its own host name stands in for
+# SlurmctldHost, its own empty state directory and munged (with a throwaway
+# key), no accounting.
+set -eu
+work=/tmp/validate
+mkdir -p "$work/etc" "$work/state" "$work/keys"
+mkdir -m 0700 "$work/munge"
+cp /candidate/* "$work/etc/"
+head -c 48 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/keys/jwt_hs256.key"
+head -c 1024 /dev/urandom > "$work/munge/munge.key"
+chmod 0400 "$work/munge/munge.key" "$work/keys/jwt_hs256.key"
+munged --force --key-file="$work/munge/munge.key" --socket="$work/munge/munge.socket" \
+  --pid-file="$work/munge/munged.pid" --log-file="$work/munge/munged.log" \
+  --seed-file="$work/munge/munged.seed"
+trap 'kill "$(cat "$work/munge/munged.pid")" 2>/dev/null || true' EXIT
+me=$(hostname)
+sed -i \
+  -e '/^SlurmctldHost=/d' \
+  -e '/^AccountingStorage/d' \
+  -e '/^AuthInfo=/d' \
+  -e "s#^StateSaveLocation=.*#StateSaveLocation=$work/state#" \
+  -e "s#^SlurmctldPidFile=.*#SlurmctldPidFile=$work/slurmctld.pid#" \
+  -e "s#jwt_key=/run/slurm-keys/jwt_hs256.key#jwt_key=$work/keys/jwt_hs256.key#" \
+  "$work/etc/slurm.conf"
+sed -i -e "1i SlurmctldHost=$me(127.0.0.1)" -e "1i AuthInfo=socket=$work/munge/munge.socket" "$work/etc/slurm.conf"
+export SLURM_CONF="$work/etc/slurm.conf"
+slurmctld -D -i -f "$SLURM_CONF" >"$work/log" 2>&1 &
+pid=$!
+i=0
+while [ $i -lt 300 ]; do
+  if grep -q "Running as primary controller" "$work/log"; then
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    echo "slurm.conf accepted by $(slurmctld -V)"
+    exit 0
+  fi
+  if ! kill -0 "$pid" 2>/dev/null; then
+    echo "slurmctld rejects the new configuration:" >&2
+    grep -iE "error|fatal" "$work/log" >&2 || cat "$work/log" >&2
+    exit 1
+  fi
+  i=$((i + 1))
+  sleep 0.1
+done
+kill "$pid" 2>/dev/null || true
+echo "slurmctld did not start within 30 s on the new configuration:" >&2
+cat "$work/log" >&2
+exit 1

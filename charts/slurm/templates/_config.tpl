@@ -1,0 +1,70 @@
+{{/* The files of /etc/slurm, shared by the ConfigMap and the validation hook. */}}
+{{- define "slurm.configFiles" -}}
+slurm.conf: |
+  {{- include "slurm.conf" . | nindent 2 }}
+cgroup.conf: |
+  {{- .Values.cgroupConfig | nindent 2 }}
+{{- with .Values.gresConfig }}
+gres.conf: |
+  {{- . | nindent 2 }}
+{{- end }}
+{{- with .Values.topologyConfig }}
+topology.conf: |
+  {{- . | nindent 2 }}
+{{- end }}
+{{- with .Values.jobSubmitLua }}
+job_submit.lua: |
+  {{- . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "slurm.conf" -}}
+{{- $ctld := include "slurm.ctld" . -}}
+# Rendered by the slurm chart ({{ .Release.Name }}); edit values, not this file.
+ClusterName={{ include "slurm.clusterName" . }}
+{{- range (splitList " " (include "slurm.ctldHosts" .)) }}
+SlurmctldHost={{ . }}({{ . }}.{{ $ctld }})
+{{- end }}
+SlurmctldPort={{ .Values.controller.port }}
+SlurmdPort=6818
+SlurmUser=slurm
+AuthType=auth/munge
+CredType=cred/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=/run/slurm-keys/jwt_hs256.key
+SlurmctldParameters=enable_configless
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurm/slurmctld.pid
+SlurmdPidFile=/run/slurm/slurmd.pid
+{{- if .Values.accounting.enabled }}
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost={{ include "slurm.dbd" . }}
+AccountingStoragePort={{ .Values.accounting.port }}
+{{- end }}
+{{- with .Values.topologyConfig }}
+TopologyPlugin=topology/tree
+{{- end }}
+{{- with .Values.jobSubmitLua }}
+JobSubmitPlugins=lua
+{{- end }}
+{{- with .Values.prolog }}
+Prolog=/etc/slurm-jobscripts/prolog
+{{- end }}
+{{- with .Values.epilog }}
+Epilog=/etc/slurm-jobscripts/epilog
+{{- end }}
+{{- range $key, $value := .Values.slurmConfig }}
+{{ $key }}={{ $value }}
+{{- end }}
+{{- range .Values.nodesets }}
+NodeSet={{ .name }} Feature={{ .name }}
+{{- end }}
+{{- range .Values.partitions }}
+PartitionName={{ .name }} Nodes={{ join "," .nodesets }}{{ if .default }} Default=YES{{ end }}
+{{- range $key, $value := .config }} {{ $key }}={{ $value }}{{ end }}
+{{- end }}
+{{- with .Values.slurmConfigExtra }}
+{{ . }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,130 @@
+{{- define "sunk.labels" -}}
+app.kubernetes.io/name: sunk
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+{{- define "sunk.selector" -}}
+app.kubernetes.io/name: sunk
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/*
+One leader-elected sunk component: (dict "root" $ "component" "operator"
+"c" .Values.operator "args" list). Runs as a non-root user with a read-only
+root filesystem and no capabilities; talks to Slurm with tokens it mints from
+the mounted JWT key.
+*/}}
+{{- define "sunk.component" -}}
+{{- $name := printf "%s-%s" .root.Release.Name .component -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $name }}
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+spec:
+  replicas: {{ .c.replicas }}
+  selector:
+    matchLabels: {{- include "sunk.selector" . | nindent 6 }}
+  template:
+    metadata:
+      labels: {{- include "sunk.selector" . | nindent 8 }}
+    spec:
+      serviceAccountName: {{ $name }}
+      {{- with .root.Values.imagePullSecrets }}
+      imagePullSecrets: {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .c.nodeSelector }}
+      nodeSelector: {{- toYaml . | nindent 8 }}
+      {{- end }}
+      # sunk's own node lock (NoExecute while a Slurm job runs) must not evict sunk.
+      tolerations:
+        - {key: sunk.dev/slurm-job, operator: Exists}
+        {{- with .c.tolerations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with .c.affinity }}
+      affinity: {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .c.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        seccompProfile: {type: RuntimeDefault}
+      containers:
+        - name: {{ .component }}
+          image: {{ .root.Values.image.repository }}:{{ .root.Values.image.tag }}
+          imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+          command:
+            - sunk
+            - {{ .component }}
+            - --slurmrestd={{ .root.Values.slurm.restapiUrl }}
+            - --jwt-key=/var/run/sunk/jwt/jwt_hs256.key
+            - --slurm-user={{ .root.Values.slurm.user }}
+            {{- with .root.Values.slurm.namespace }}
+            - --namespace={{ . }}
+            {{- end }}
+            {{- if .c.verbose }}
+            - --verbose
+            {{- end }}
+            {{- range .args }}
+            - {{ . }}
+            {{- end }}
+          env:
+            # Where the leader Lease lives.
+            - name: POD_NAMESPACE
+              valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {drop: [ALL]}
+          {{- with .c.resources }}
+          resources: {{- toYaml . | nindent 12 }}
+          {{- end }}
+          volumeMounts:
+            - {name: jwt, mountPath: /var/run/sunk/jwt, readOnly: true}
+      volumes:
+        - name: jwt
+          secret:
+            secretName: {{ .root.Values.slurm.jwtSecret }}
+            defaultMode: 0440
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ $name }}
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+---
+# The leader Lease, in the release namespace only.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ $name }}-leader
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+rules:
+  - apiGroups: [coordination.k8s.io]
+    resources: [leases]
+    verbs: [get, list, watch, create, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $name }}-leader
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: {{ $name }}-leader}
+subjects:
+  - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ .root.Release.Namespace }}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ $name }}
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {{ $name }}}
+subjects:
+  - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ .root.Release.Namespace }}}
+{{- end -}}

@@ -1,0 +1,236 @@
+"""Both charts on the local node runtime: what `sunk local up` and the chart tests share.
+
+The slurm chart's pods run on local nodes (the root filesystem stands in for
+the images), so its values here turn off what those sandboxes lack (cgroups,
+a mailer) and put the users' homes on a host directory every node shares.
+sunk's own components (operator, syncer) are Python and the root filesystem
+has no Python: they run on the host, as the chart's ServiceAccounts, with a
+kubeconfig holding a token from the TokenRequest API, so the chart's RBAC is
+what they are allowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import AsyncClient
+from lightkube.models.authentication_v1 import TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
+
+from sunk.kube.client import pod_ready
+from sunk.testbed.slurm import SANDBOX_SETTINGS
+
+STORAGE_CLASS = "sunk-local"
+NODE_POOL_LABEL = "sunk.dev/pool"
+COMPUTE_POOL = "compute"
+RESTAPI_PORT = 6820
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    public_key: str
+
+
+def slurm_values(
+    *,
+    users: Sequence[User],
+    home: Path,
+    nodeset: str = "compute",
+    backup: bool = False,
+    slurm_config: Mapping[str, str | int] | None = None,
+) -> dict[str, Any]:
+    """Values of the slurm chart for the local runtime: one NodeSet on the
+    nodes labelled `sunk.dev/pool=compute`, homes from the host's `home`."""
+    # The local runtime's sandboxes have no cgroups and no mailer; pid and log
+    # paths are the chart's own.
+    sandbox = {
+        key: value
+        for key, value in SANDBOX_SETTINGS.items()
+        if not key.endswith(("PidFile", "LogFile"))
+    }
+    home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
+    home_mount = {"name": "home", "mountPath": "/home"}
+    return {
+        "controller": {
+            "backup": backup,
+            "persistence": {"storageClassName": STORAGE_CLASS},
+        },
+        "slurmConfig": {
+            **sandbox,
+            "PrologFlags": "Alloc",
+            "SlurmctldTimeout": 10,
+            "SlurmdTimeout": 30,
+            "MessageTimeout": 5,
+            "KillWait": 2,
+            "MinJobAge": 30,
+            "SelectTypeParameters": "CR_Core",
+            **(slurm_config or {}),
+        },
+        "cgroupConfig": "CgroupPlugin=disabled\n",
+        "nodesets": [
+            {
+                "name": nodeset,
+                "nodeSelector": {NODE_POOL_LABEL: COMPUTE_POOL},
+                "resources": {"cpus": 2, "realMemoryMiB": 1000},
+                "nodeName": "{nodeset}-{node}",
+                "volumes": [home_volume],
+                "volumeMounts": [home_mount],
+            }
+        ],
+        "partitions": [{"name": "debug", "nodesets": [nodeset], "default": True}],
+        "accounting": {"mariadb": {"persistence": {"storageClassName": STORAGE_CLASS}}},
+        "login": {
+            "authorizedKeys": {user.name: user.public_key for user in users},
+            "volumes": [home_volume],
+            "volumeMounts": [home_mount],
+        },
+        "identity": {
+            "users": [{"name": u.name, "uid": u.uid, "gid": u.uid} for u in users],
+            "groups": [{"name": u.name, "gid": u.uid, "members": [u.name]} for u in users],
+        },
+    }
+
+
+def cluster_values(release: str) -> dict[str, Any]:
+    """Values of the sunk-cluster chart beside slurm release `release`: the
+    components' accounts and RBAC, no pods (they run on the host here)."""
+    return {
+        "slurm": {
+            "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
+            "jwtSecret": f"{release}-jwt",
+        },
+        "operator": {"replicas": 0},
+        "syncer": {"replicas": 0},
+    }
+
+
+def make_homes(home: Path, users: Sequence[User]) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    home.chmod(0o755)
+    for user in users:
+        path = home / user.name
+        path.mkdir(exist_ok=True)
+        path.chmod(0o700)
+        os.chown(path, user.uid, user.uid)
+
+
+def new_ssh_key(path: Path) -> str:
+    """An ed25519 key pair at `path` (kept if there); returns the public key."""
+    if not path.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sunk-local", "-f", str(path)],
+            check=True,
+        )
+    return Path(f"{path}.pub").read_text().strip()
+
+
+def ssh_argv(key: Path, user: str, address: str, command: Sequence[str] = ()) -> list[str]:
+    """ssh to a login pod (its address on the pod network; no host key to pin yet)."""
+    return [
+        "ssh",
+        "-i",
+        str(key),
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "ConnectTimeout=5",
+        f"{user}@{address}",
+        *command,
+    ]
+
+
+async def pod_ip(kube: AsyncClient, namespace: str, selector: Mapping[str, str]) -> str | None:
+    """The address of a Ready pod matching `selector`, if any."""
+    async for pod in kube.list(Pod, namespace=namespace, labels=dict(selector)):
+        status = pod.status
+        if status is None or not status.podIP or pod.metadata is None:
+            continue
+        if pod.metadata.deletionTimestamp is not None:
+            continue
+        if pod_ready(pod):
+            return status.podIP
+    return None
+
+
+def component(release: str, name: str) -> dict[str, str]:
+    """The slurm chart's selector labels of one component."""
+    return {
+        "app.kubernetes.io/name": "slurm",
+        "app.kubernetes.io/instance": release,
+        "app.kubernetes.io/component": name,
+    }
+
+
+def _write_private(path: Path, content: bytes) -> Path:
+    path.touch(mode=0o600)
+    path.write_bytes(content)
+    return path
+
+
+async def secret_file(kube: AsyncClient, namespace: str, name: str, key: str, path: Path) -> Path:
+    """Write one key of a Secret to `path` (mode 0600), e.g. the JWT key for sunk's components."""
+    secret = await kube.get(Secret, name, namespace=namespace)
+    content = base64.b64decode((secret.data or {})[key])
+    return await asyncio.to_thread(_write_private, path, content)
+
+
+async def service_account_kubeconfig(
+    kube: AsyncClient,
+    server: str,
+    ca_file: Path,
+    namespace: str,
+    account: str,
+    path: Path,
+    lifetime: datetime.timedelta = datetime.timedelta(hours=24),
+) -> Path:
+    """A kubeconfig that acts as ServiceAccount `namespace/account` (a TokenRequest token)."""
+    request = ServiceAccountToken(
+        metadata=ObjectMeta(),
+        spec=TokenRequestSpec(audiences=[], expirationSeconds=int(lifetime.total_seconds())),
+    )
+    reply = await kube.create(request, account, namespace=namespace)
+    assert reply.status is not None
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}
+        ],
+        "users": [{"name": account, "user": {"token": reply.status.token}}],
+        "contexts": [
+            {
+                "name": account,
+                "context": {"cluster": "local", "user": account, "namespace": namespace},
+            }
+        ],
+        "current-context": account,
+    }
+    return await asyncio.to_thread(_write_private, path, yaml.safe_dump(config).encode())
+
+
+async def wait_until(what: str, check: Any, within: float, interval: float = 0.5) -> Any:
+    """Poll `check()` (async) until it returns something truthy; that value."""
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                if value := await check():
+                    return value
+                await asyncio.sleep(interval)
+    except TimeoutError:
+        raise TimeoutError(f"timed out after {within:.0f}s waiting for {what}") from None
