@@ -807,6 +807,22 @@ async def test_a_stopped_node_goes_not_ready_and_comes_back(bed: LocalBed) -> No
         await wait_pod(bed, "slurmd-3", is_ready, "slurmd Ready again", timeout=30)
 
 
+async def test_a_ready_condition_marked_unknown_is_posted_again_at_once(bed: LocalBed) -> None:
+    """After late heartbeats the node lifecycle controller marks Ready Unknown; a live
+    runtime posts its status again at once (as kubelet does), not a status interval later."""
+    node = bed.nodes[1]
+    # What kube-controller-manager writes (conditions merge by type).
+    unknown = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+    await bed.kube.patch(Node.Status, node, {"status": {"conditions": [unknown]}})
+    assert condition(await bed.kube.get(Node, node), "Ready") == "Unknown"
+
+    async def ready() -> bool:
+        return condition(await bed.kube.get(Node, node), "Ready") == "True"
+
+    # The runtime's full status interval is 60 s; its lease renewals come every 2 s.
+    await wait_for("the runtime to post Ready again", ready, timeout=15)
+
+
 # ------------------------------------------------------------------ cleanup
 
 

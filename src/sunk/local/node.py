@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from lightkube.models.core_v1 import Container
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from sunk.local import plan
 from sunk.local.port import NodeApi, WatchEvent
@@ -117,6 +117,9 @@ class NodeAgent:
         )
         self._boot_id = str(uuid.uuid4())
         self._ready_since = now_utc()
+        # Set when the Node's Ready condition is not ours (the node lifecycle controller
+        # marked it Unknown after late heartbeats): post status now, as kubelet does.
+        self._status_due = asyncio.Event()
         self.running = False
         # ConfigMaps/Secrets read by this node's pods, shared for a short while
         # (kubelet's TTL cache): many pods of a node reference the same objects.
@@ -262,16 +265,18 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         last_status = loop.time()
         while True:
-            await asyncio.sleep(config.renew_interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._status_due.wait(), config.renew_interval)
             try:
                 await self.api.renew_lease(config.lease_duration, self.uid)
-                if loop.time() - last_status >= config.status_interval:
+                if self._status_due.is_set() or loop.time() - last_status >= config.status_interval:
+                    self._status_due.clear()
                     await self.api.patch_node_status(self._status())
                     last_status = loop.time()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                _log.warning("node %s: heartbeat failed: %s", self.name, exc)
+            except Exception as exc:  # timeouts have an empty str(): say which
+                _log.warning("node %s: heartbeat failed: %r", self.name, exc)
 
     # -------------------------------------------------------------- pods
 
@@ -283,6 +288,8 @@ class NodeAgent:
                 labels = node.metadata.labels if node.metadata else None
                 if event.kind != "delete" and labels is not None:
                     self.labels = dict(labels)
+                if event.kind != "delete" and self.running and not _posted_ready(node):
+                    self._status_due.set()
 
     async def _watch_pods(self) -> None:
         async for event in self.api.pods():
@@ -453,3 +460,9 @@ def _quantity_text(resource: str, value: Decimal) -> str:
         millis = int(value * 1000)
         return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
     return str(int(value))
+
+
+def _posted_ready(node: Node) -> bool:
+    """Whether the Node still shows the Ready=True this runtime posts."""
+    conditions = node.status.conditions if node.status else None
+    return any(c.type == "Ready" and c.status == "True" for c in conditions or ())
