@@ -38,7 +38,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 sys.path.insert(0, str(Path(__file__).parent))
-from local_runtime import gateway, serve_slurm, spawn_nodes, wait_nodes
+from local_runtime import gateway, serve_slurm, spawn_nodes, tear_down, wait_nodes
 from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
 from sunk.api import nodeset as api
 from sunk.api.install import install_crds
@@ -196,14 +196,7 @@ async def bench(nodes: int, max_unavailable: str, node_grace: str) -> None:
     finally:
         if controller_task is not None:
             controller_task.cancel()
-        if kube is not None:
-            await kube.close()
-        if runtime is not None and runtime.poll() is None:
-            runtime.send_signal(signal.SIGTERM)
-            runtime.wait(120)
-        if cluster is not None:
-            await asyncio.to_thread(cluster.stop)
-        supervisor.stop_all()
+        await tear_down(kube, runtime, cluster, supervisor)
         shutil.rmtree(state, ignore_errors=True)
 
 

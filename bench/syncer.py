@@ -186,7 +186,7 @@ async def bench(args: argparse.Namespace) -> None:
     kube: AsyncClient | None = None
     watcher: asyncio.Task[None] | None = None
     rootfs = ensure_rootfs()
-    live = args.live
+    live: int = args.live
     try:
         t = time.monotonic()
         access = control_plane.start()
