@@ -244,7 +244,11 @@ class SlurmView:
             return
         first = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._run(first), name="slurm-view")
-        await first
+        try:
+            await first
+        except asyncio.CancelledError:
+            await self.stop()  # no poll loop may outlive a start that never returned
+            raise
 
     async def stop(self) -> None:
         task, self._task = self._task, None
