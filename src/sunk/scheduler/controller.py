@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -66,6 +67,16 @@ ACTIVE = ("PENDING", "RUNNING", "SUSPENDED")
 SWEEP_INTERVAL = 10.0
 # After an invalid request, try again this late (Slurm's configuration may change).
 INVALID_RETRY = 60.0
+# After a submit that may or may not have been taken, look again this late
+# (more than slurmrestd's MessageTimeout-bound wait) before submitting anew.
+UNCERTAIN_WAIT = 15.0
+# A job this process submitted is waited for this long to appear in the view
+# before it is read directly.
+UNSEEN_WAIT = 5.0
+
+
+# What `_job_of` returns for a job just submitted that the view has not polled yet.
+NOT_SEEN_YET = Job(job_id=0, job_state=("PENDING",), state_reason="not polled yet")
 
 
 def _pod_uid(pod: Pod) -> str:
@@ -142,11 +153,13 @@ class Scheduler:
         self._key_of_pod: dict[str, str] = {}
         self._jobs_by_key: dict[str, set[int]] = {}
         # Jobs this process submitted, by key: known before the view shows them.
-        self._submitted: dict[str, int] = {}
+        self._submitted: dict[str, tuple[int, float]] = {}  # key → (job id, wait until)
         self._reported: dict[str, str] = {}  # key → last problem reported as an Event
         # Jobs cancelled because their gang fell apart before binding: a gang made
         # whole again gets a new job, and the old one is no reason to evict it.
         self._dropped: set[int] = set()
+        # Keys whose submit failed in a way that may still have been taken, until when.
+        self._uncertain: dict[str, float] = {}
         self._pods.subscribe(self._on_pod)
         self.submits = 0  # for tests: how many jobs this instance submitted
         self.binds = 0
@@ -244,7 +257,7 @@ class Scheduler:
         jobs = self._view.jobs()
         ids = set(self._jobs_by_key.get(key, ()))
         if (mine := self._submitted.get(key)) is not None:
-            ids.add(mine)
+            ids.add(mine[0])
         for pod in pods:
             if (written := _annotations(pod).get(ANNOTATION_JOB_ID, "")).isdigit():
                 ids.add(int(written))
@@ -255,7 +268,9 @@ class Scheduler:
                 return job_id, job
         for job_id, job in reversed(known):
             if job is None:
-                job = await self._slurm.job(job_id)  # submitted, not polled yet
+                if mine is not None and mine[0] == job_id and time.monotonic() < mine[1]:
+                    return job_id, NOT_SEEN_YET  # the view's next poll brings it
+                job = await self._slurm.job(job_id)
                 if _active(job) or (job is not None and key_of_comment(job.comment) == key):
                     return job_id, job
             else:
@@ -267,6 +282,8 @@ class Scheduler:
             return None  # a StateEvent requeues every key once the view is fresh
         pods = self._members(key)
         job_id, job = await self._job_of(key, pods)
+        if job is NOT_SEEN_YET:
+            return Result(requeue_after=UNSEEN_WAIT)  # a JobEvent comes first, normally
         live = [p for p in pods if not _terminal(p) and not _deleting(p)]
         if not pods:
             await self._cancel(key, job_id, job, "its pods are gone")
@@ -297,7 +314,10 @@ class Scheduler:
         if job.state == "RUNNING":
             await self._bind(key, live, job_id, job)
             return None
-        await self._pending(live, f"Slurm job {job_id} {job.state.lower()}: {job.state_reason}")
+        if job.state_reason != "None":  # "None": Slurm has not looked at it yet
+            await self._pending(
+                live, f"Slurm job {job_id} {job.state.lower()}: {job.state_reason}", job_id
+            )
         return None
 
     async def _keep_running(
@@ -331,39 +351,57 @@ class Scheduler:
         except InvalidPod as exc:
             await self._refuse(key, pods, str(exc))
             return Result(requeue_after=INVALID_RETRY)
+        if (until := self._uncertain.get(key)) is not None:
+            if (left := until - time.monotonic()) > 0:
+                return Result(requeue_after=left)
+            # Long enough for slurmctld to have finished whatever it was doing:
+            # a full read shows the job if the earlier submit was taken.
+            del self._uncertain[key]
+            await self._view.refresh()
+            self._reindex_jobs()
+            self.queue.add(key)
+            return None
         try:
             result = await self._slurm.submit(spec)
         except SlurmUnavailableError as exc:
             if exc.maybe_applied:
-                # It may have been taken: look (the next full read shows it) before
-                # submitting again.
-                await self._view.refresh()
+                self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
             raise
         except SlurmApiError as exc:
             if exc.transient:
+                # A busy slurmctld times out (5004) but may still take the job later.
+                self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
                 raise
             await self._refuse(key, pods, f"Slurm refused the job: {exc.message}")
             return Result(requeue_after=INVALID_RETRY)
-        self._submitted[key] = result.job_id
+        self._submitted[key] = (result.job_id, time.monotonic() + UNSEEN_WAIT)
         self._reported.pop(key, None)
         self.submits += 1
-        self._view.poll_now()
         log.info("submitted job %d for %s", result.job_id, key)
-        await asyncio.gather(*(self._mark(pod, result.job_id) for pod in pods))
-        self.queue.add(key)  # look at it again at once: it may already run
+        await asyncio.gather(*(self._tolerate_lock(pod, result.job_id) for pod in pods))
         return None
 
-    async def _mark(self, pod: Pod, job_id: int) -> None:
-        """Write the job id on the pod, and let it stay on a node Slurm locked for it."""
+    async def _tolerate_lock(self, pod: Pod, job_id: int) -> None:
+        """Let the pod stay on a node Slurm locked for its job (the syncer's taint), and
+        write the job id with it. A pod that tolerates it already is not written to:
+        its job id rides on the Binding."""
         assert pod.metadata is not None
         assert pod.spec is not None
-        patch: dict[str, Any] = {"metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}}}
         tolerations = [t.to_dict() for t in pod.spec.tolerations or []]
-        if not any(t.get("key") == TAINT_NODE_LOCK for t in tolerations):
-            # Tolerations may only grow, which a merge patch of the whole list does.
-            patch["spec"] = {
-                "tolerations": [*tolerations, {"key": TAINT_NODE_LOCK, "operator": "Exists"}]
-            }
+        if any(
+            t.get("key") == TAINT_NODE_LOCK or (not t.get("key") and t.get("operator") == "Exists")
+            for t in tolerations
+        ):
+            return
+        # Tolerations may only grow, which a merge patch of the whole list does.
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}},
+            "spec": {"tolerations": [*tolerations, {"key": TAINT_NODE_LOCK, "operator": "Exists"}]},
+        }
+        await self._patch_pod(pod, patch)
+
+    async def _patch_pod(self, pod: Pod, patch: dict[str, Any]) -> None:
+        assert pod.metadata is not None
         try:
             await self._kube.patch(
                 Pod,
@@ -407,9 +445,15 @@ class Scheduler:
         assert pod.metadata is not None
         assert node is not None
         await bind_pod(
-            self._kube, pod.metadata.namespace or "default", _pod_name(pod), node, _pod_uid(pod)
+            self._kube,
+            pod.metadata.namespace or "default",
+            _pod_name(pod),
+            node,
+            _pod_uid(pod),
+            annotations={ANNOTATION_JOB_ID: str(job_id)},
         )
         self.binds += 1
+        log.info("bound %s/%s to %s (job %s)", pod.metadata.namespace, _pod_name(pod), node, job_id)
         await self._events.emit(
             pod,
             "Scheduled",
@@ -465,10 +509,15 @@ class Scheduler:
                     pod, "FailedScheduling", message, action="Scheduling", type_="Warning"
                 )
 
-    async def _pending(self, pods: Iterable[Pod], message: str) -> None:
-        """PodScheduled=False, reason Unschedulable, with `message` (Slurm's words)."""
+    async def _pending(self, pods: Iterable[Pod], message: str, job_id: int | None = None) -> None:
+        """PodScheduled=False, reason Unschedulable, with `message` (Slurm's words); and
+        the pending job's id on the pod."""
         for pod in pods:
             assert pod.metadata is not None
+            if job_id is not None and _annotations(pod).get(ANNOTATION_JOB_ID) != str(job_id):
+                await self._patch_pod(
+                    pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}}}
+                )
             conditions = (pod.status.conditions if pod.status else None) or []
             have = next((c for c in conditions if c.type == "PodScheduled"), None)
             if have is not None and have.status == "False" and have.message == message:
