@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
@@ -155,7 +156,9 @@ async def burst(
 
 
 async def clear(kube: AsyncClient) -> None:
-    await kube.deletecollection(Pod, namespace=NAMESPACE, grace_period=0)
+    # A thousand deletions can outlast the client's timeout: the loop below waits.
+    with contextlib.suppress(httpx2.TimeoutException):
+        await kube.deletecollection(Pod, namespace=NAMESPACE, grace_period=0)
     while True:
         if not [p async for p in kube.list(Pod, namespace=NAMESPACE)]:
             return

@@ -149,6 +149,11 @@ class Scheduler:
             labels={LABEL_NODESET: operators.exists()},
         )
         self.queue: WorkQueue[str] = WorkQueue()
+        # Keys Slurm woke (a job started or ended) have their own queue and
+        # workers: a bind must not wait behind a burst of pods waiting to be
+        # submitted. A per-key lock keeps the two from working on one key at once.
+        self.urgent: WorkQueue[str] = WorkQueue()
+        self._locks: dict[str, asyncio.Lock] = {}
         self._pods_by_key: dict[str, set[str]] = {}
         self._key_of_pod: dict[str, str] = {}
         self._jobs_by_key: dict[str, set[int]] = {}
@@ -205,7 +210,7 @@ class Scheduler:
                 if isinstance(event, JobEvent):
                     key = self._index_job(event.job_id, event.old, event.new)
                     if key is not None and self._in_scope(key):
-                        self.queue.add(key)
+                        self.urgent.add(key)
                 elif isinstance(event, StateEvent | Resync):
                     self._reindex_jobs()
                     self._requeue_all()
@@ -236,6 +241,7 @@ class Scheduler:
             group.create_task(self._follow_slurm(subscription))
             group.create_task(self._sweep())
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
+            group.create_task(run_workers(self.urgent, self.reconcile, self._workers))
 
     async def _refresh(self) -> None:
         while True:
@@ -278,6 +284,11 @@ class Scheduler:
         return (max(ids), None) if ids else (None, None)
 
     async def reconcile(self, key: str) -> Result | None:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            return await self._reconcile(key)
+
+    async def _reconcile(self, key: str) -> Result | None:
         if not self._view.fresh:
             return None  # a StateEvent requeues every key once the view is fresh
         pods = self._members(key)
@@ -400,15 +411,17 @@ class Scheduler:
         }
         await self._patch_pod(pod, patch)
 
-    async def _patch_pod(self, pod: Pod, patch: dict[str, Any]) -> None:
+    async def _patch_pod(self, pod: Pod, patch: dict[str, Any], *, status: bool = False) -> None:
+        """Merge-patch the pod (strategic for its status: conditions merge by type);
+        a pod gone meanwhile is no error."""
         assert pod.metadata is not None
         try:
             await self._kube.patch(
-                Pod,
+                Pod.Status if status else Pod,
                 pod.metadata.name or "",
                 patch,
                 namespace=pod.metadata.namespace,
-                patch_type=PatchType.MERGE,
+                patch_type=PatchType.STRATEGIC if status else PatchType.MERGE,
             )
         except ApiError as exc:
             if exc.status.code != 404:
@@ -466,6 +479,7 @@ class Scheduler:
             if not self._pods_by_key.get(key):
                 self._submitted.pop(key, None)
                 self._reported.pop(key, None)
+                self._locks.pop(key, None)
             return
         log.info("cancel job %d (%s): %s", job_id, key, why)
         with contextlib.suppress(SlurmNotFoundError):
@@ -534,14 +548,4 @@ class Scheduler:
                     else now
                 ),
             }
-            try:
-                await self._kube.patch(
-                    Pod.Status,
-                    pod.metadata.name or "",
-                    {"status": {"conditions": [condition]}},
-                    namespace=pod.metadata.namespace,
-                    patch_type=PatchType.STRATEGIC,
-                )
-            except ApiError as exc:
-                if exc.status.code != 404:
-                    raise
+            await self._patch_pod(pod, {"status": {"conditions": [condition]}}, status=True)
