@@ -227,6 +227,7 @@ async def bench(nodes: int, bursts: list[int]) -> None:
                 slurmd_namespace=NODESET_NAMESPACE,
             )
             task = asyncio.create_task(scheduler.run())
+            await scheduler.ready.wait()
             try:
                 for count in bursts:
                     results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)

@@ -129,6 +129,7 @@ class Scheduler:
         namespace: str | None = None,
         slurmd_namespace: str | None = None,
         workers: int = 16,
+        settle: float = 5.0,
     ) -> None:
         self.options = options or Options()
         self.scheduler_name = scheduler_name
@@ -137,6 +138,11 @@ class Scheduler:
         self._view = view
         self._namespace = namespace
         self._workers = workers
+        # A predecessor killed mid-submit may have a job still in slurmctld's
+        # hands: nothing is submitted until `settle` seconds after start (more than
+        # slurmrestd's MessageTimeout-bound wait), and a full read then.
+        self._settle = settle
+        self.ready = asyncio.Event()  # set once submits are allowed
         self._events = EventRecorder(kube, scheduler_name)
         self._pods: Informer[Pod] = Informer(
             kube, Pod, namespace=namespace or ALL_NS, fields={"spec.schedulerName": scheduler_name}
@@ -239,9 +245,17 @@ class Scheduler:
             await self._refresh()
             self._reindex_jobs()
             group.create_task(self._follow_slurm(subscription))
+            group.create_task(self._settle_then_submit())
             group.create_task(self._sweep())
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
             group.create_task(run_workers(self.urgent, self.reconcile, self._workers))
+
+    async def _settle_then_submit(self) -> None:
+        await asyncio.sleep(self._settle)
+        await self._refresh()
+        self._reindex_jobs()
+        self.ready.set()
+        self._requeue_all()
 
     async def _refresh(self) -> None:
         while True:
@@ -357,6 +371,8 @@ class Scheduler:
     # -- actions -----------------------------------------------------------------------
 
     async def _submit(self, key: str, pods: Sequence[Pod], gang: Gang | None) -> Result | None:
+        if not self.ready.is_set():
+            return None  # every key is looked at again once it is
         try:
             spec = job_spec(pods, self.options, gang)
         except InvalidPod as exc:
