@@ -1,6 +1,6 @@
 """Benchmark: create→bound latency and throughput, sunk's scheduler against kube-scheduler.
 
-    sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000]
+    sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000] [--slurm-conf LINE]
 
 One run, one bed (fresh state directory): the real control plane (its stock
 kube-scheduler included) and a real Slurm whose N static nodes are slurmd
@@ -41,6 +41,7 @@ from sunk.api import LABEL_NODESET
 from sunk.local.port import build
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.request import SCHEDULER_NAME, Options
+from sunk.scheduler.run import VIEW_STALE_AFTER
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
@@ -156,12 +157,12 @@ async def burst(
 
 
 async def clear(kube: AsyncClient) -> None:
-    # A thousand deletions can outlast the client's timeout: the loop below waits.
-    with contextlib.suppress(httpx2.TimeoutException):
-        await kube.deletecollection(Pod, namespace=NAMESPACE, grace_period=0)
     while True:
         if not [p async for p in kube.list(Pod, namespace=NAMESPACE)]:
             return
+        # A thousand deletions can outlast the client's timeout: delete what is left.
+        with contextlib.suppress(httpx2.TimeoutException):
+            await kube.deletecollection(Pod, namespace=NAMESPACE, grace_period=0)
         await asyncio.sleep(0.5)
 
 
@@ -177,7 +178,7 @@ async def wait_no_jobs(cluster: SlurmCluster) -> None:
         await asyncio.sleep(1)
 
 
-async def bench(nodes: int, bursts: list[int]) -> None:
+async def bench(nodes: int, bursts: list[int], slurm_conf: list[str]) -> None:
     state = Path(tempfile.mkdtemp(prefix="sunk-bsch-", dir="/tmp"))
     supervisor = Supervisor(state)
     control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)
@@ -197,6 +198,7 @@ async def bench(nodes: int, bursts: list[int]) -> None:
                 f"PartitionName={PARTITION} Nodes=tb[1-{nodes}] MaxTime=INFINITE State=UP"
                 " OverSubscribe=FORCE:256",
                 "MaxJobCount=100000",
+                *slurm_conf,
             ],
         )
         slurm = await asyncio.to_thread(cluster.start)
@@ -217,7 +219,7 @@ async def bench(nodes: int, bursts: list[int]) -> None:
             await clear(kube)
 
         client = SlurmClient(slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root"))
-        async with client, SlurmView(client, interval=0.25) as view:
+        async with client, SlurmView(client, interval=0.25, stale_after=VIEW_STALE_AFTER) as view:
             scheduler = Scheduler(
                 kube,
                 client,
@@ -272,9 +274,9 @@ async def bench(nodes: int, bursts: list[int]) -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
-async def run_cancellable(nodes: int, bursts: list[int]) -> None:
+async def run_cancellable(nodes: int, bursts: list[int], slurm_conf: list[str]) -> None:
     """SIGTERM/SIGINT cancel the run, so the bed is still torn down."""
-    task = asyncio.create_task(bench(nodes, bursts))
+    task = asyncio.create_task(bench(nodes, bursts, slurm_conf))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
@@ -291,8 +293,12 @@ def main() -> None:
     )
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--bursts", default="100,1000")
+    parser.add_argument(
+        "--slurm-conf", action="append", default=[], help="a slurm.conf line to add (repeatable)"
+    )
     args = parser.parse_args()
-    asyncio.run(run_cancellable(args.nodes, [int(b) for b in args.bursts.split(",")]))
+    bursts = [int(b) for b in args.bursts.split(",")]
+    asyncio.run(run_cancellable(args.nodes, bursts, args.slurm_conf))
 
 
 if __name__ == "__main__":

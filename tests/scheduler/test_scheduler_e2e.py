@@ -38,6 +38,7 @@ from sunk.scheduler.request import (
     SCHEDULER_NAME,
     Options,
 )
+from sunk.scheduler.run import VIEW_STALE_AFTER
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
@@ -142,7 +143,7 @@ class SchedulerProcess:
         credentials = JwtMinter(FileKey(self.sb.key), "root")
         async with (
             SlurmClient(self.sb.url, credentials) as client,
-            SlurmView(client, interval=0.25) as view,
+            SlurmView(client, interval=0.25, stale_after=VIEW_STALE_AFTER) as view,
         ):
             self.scheduler = Scheduler(
                 self.kube,

@@ -65,6 +65,8 @@ ACTIVE = ("PENDING", "RUNNING", "SUSPENDED")
 # Every key is looked at again this often: what events missed (orphans on
 # either side) is found within it.
 SWEEP_INTERVAL = 10.0
+# While the Slurm view is stale, a key is looked at again this late.
+STALE_RETRY = 1.0
 # After an invalid request, try again this late (Slurm's configuration may change).
 INVALID_RETRY = 60.0
 # After a submit that may or may not have been taken, look again this late
@@ -304,7 +306,9 @@ class Scheduler:
 
     async def _reconcile(self, key: str) -> Result | None:
         if not self._view.fresh:
-            return None  # a StateEvent requeues every key once the view is fresh
+            # Look again soon: a view that was only slow turns fresh again without
+            # an event (a StateEvent requeues every key after an outage).
+            return Result(requeue_after=STALE_RETRY)
         pods = self._members(key)
         job_id, job = await self._job_of(key, pods)
         if job is NOT_SEEN_YET:

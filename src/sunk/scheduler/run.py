@@ -17,6 +17,10 @@ from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 
+# Full job listings grow with the queue (seconds at thousands of jobs on a
+# loaded slurmrestd): a slow read is not an outage.
+VIEW_STALE_AFTER = 15.0
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -50,7 +54,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
     )
     async with (
         SlurmClient(config.slurmrestd_url, credentials) as slurm,
-        SlurmView(slurm, interval=config.poll_interval) as view,
+        SlurmView(slurm, interval=config.poll_interval, stale_after=VIEW_STALE_AFTER) as view,
     ):
 
         async def lead() -> None:
