@@ -178,7 +178,7 @@ async def wait_no_jobs(cluster: SlurmCluster) -> None:
         await asyncio.sleep(1)
 
 
-async def bench(nodes: int, bursts: list[int], slurm_conf: list[str]) -> None:
+async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: float) -> None:
     state = Path(tempfile.mkdtemp(prefix="sunk-bsch-", dir="/tmp"))
     supervisor = Supervisor(state)
     control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)
@@ -219,7 +219,10 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str]) -> None:
             await clear(kube)
 
         client = SlurmClient(slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root"))
-        async with client, SlurmView(client, interval=0.25, stale_after=VIEW_STALE_AFTER) as view:
+        async with (
+            client,
+            SlurmView(client, interval=interval, stale_after=VIEW_STALE_AFTER) as view,
+        ):
             scheduler = Scheduler(
                 kube,
                 client,
@@ -274,9 +277,11 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str]) -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
-async def run_cancellable(nodes: int, bursts: list[int], slurm_conf: list[str]) -> None:
+async def run_cancellable(
+    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float
+) -> None:
     """SIGTERM/SIGINT cancel the run, so the bed is still torn down."""
-    task = asyncio.create_task(bench(nodes, bursts, slurm_conf))
+    task = asyncio.create_task(bench(nodes, bursts, slurm_conf, interval))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
@@ -296,9 +301,10 @@ def main() -> None:
     parser.add_argument(
         "--slurm-conf", action="append", default=[], help="a slurm.conf line to add (repeatable)"
     )
+    parser.add_argument("--view-interval", type=float, default=0.25, help="Slurm view poll (s)")
     args = parser.parse_args()
     bursts = [int(b) for b in args.bursts.split(",")]
-    asyncio.run(run_cancellable(args.nodes, bursts, args.slurm_conf))
+    asyncio.run(run_cancellable(args.nodes, bursts, args.slurm_conf, args.view_interval))
 
 
 if __name__ == "__main__":
