@@ -204,7 +204,10 @@ class Scheduler:
                 if job is new:
                     self._jobs_by_key.setdefault(found, set()).add(job_id)
                 elif new is None:
-                    self._jobs_by_key.get(found, set()).discard(job_id)
+                    ids = self._jobs_by_key.get(found, set())
+                    ids.discard(job_id)
+                    if not ids:
+                        self._jobs_by_key.pop(found, None)
         return key
 
     def _reindex_jobs(self) -> None:
