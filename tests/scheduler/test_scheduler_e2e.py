@@ -462,6 +462,14 @@ async def test_a_gang_of_three_binds_all_or_nothing(kube: AsyncClient, sched_bed
                 return len(jobs) == 1 and jobs[0]["state"] == "PENDING"
 
             await wait_for("one pending Slurm job for the gang", one_pending_job)
+            first = (await sb.our_jobs())[0]["id"]
+            # A member leaves before the allocation: the job goes, the others wait again.
+            await delete_and_wait(kube, sb, "trio-2")
+            await wait_for("the gang's job to be cancelled", lambda: no_live_jobs(sb))
+            await wait_for("the two pods to wait for their gang again", waiting_for_gang)
+            await kube.create(pod_body(sb, "trio-2", labels=labels))
+            await wait_for("a new pending Slurm job for the gang", one_pending_job)
+            assert (await sb.our_jobs())[0]["id"] != first
             await asyncio.sleep(1.5)
             names = [f"trio-{i}" for i in range(3)]
             assert [await bound_node(kube, sb, n) for n in names] == ["", "", ""]

@@ -330,6 +330,13 @@ class Scheduler:
             # Pods of the gang missing or finished (or the pod itself deleted): no job may run.
             if job_id is not None and _active(job):
                 self._dropped.add(job_id)
+                # Nor may the pods keep its id: a restarted scheduler would take the
+                # ended job for theirs and evict them once the gang is whole again.
+                for pod in live:
+                    if ANNOTATION_JOB_ID in _annotations(pod):
+                        await self._patch_pod(
+                            pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: None}}}
+                        )
             await self._cancel(key, job_id, job, "the pods it was for are not all pending")
             if live and len(live) < wanted:
                 await self._pending(live, f"waiting for the gang: {len(live)} of {wanted} pods")
