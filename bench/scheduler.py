@@ -3,12 +3,13 @@
     sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000] [--slurm-conf LINE]
 
 One run, one bed (fresh state directory): the real control plane (its stock
-kube-scheduler included) and a real Slurm whose N static nodes are slurmd
-processes on this host (`tb1`…), in a partition with `OverSubscribe=FORCE`
-so that 1,000 one-CPU placeholder jobs fit on a few 2-CPU nodes. On the
-Kubernetes side the same N nodes are Node objects without a kubelet (bound
-pods are not started: this measures placement, not pod start-up), each with a
-NodeSet-style slurmd pod object that maps Slurm node `tbK` to Node `bench-K`.
+kube-scheduler included), `sunk scheduler` as a process of its own, and a
+real Slurm whose N static nodes are slurmd processes on this host (`tb1`…),
+in a partition with `OverSubscribe=FORCE` so that 1,000 one-CPU placeholder
+jobs fit on a few 2-CPU nodes. On the Kubernetes side the same N nodes are
+Node objects without a kubelet (bound pods are not started: this measures
+placement, not pod start-up), each with a NodeSet-style slurmd pod object
+that maps Slurm node `tbK` to Node `bench-K`.
 
 For each burst size, and for each scheduler in turn, the burst's pods (1 CPU,
 tolerating every taint) are created by 16 concurrent clients; a watch
@@ -28,6 +29,8 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,12 +42,9 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
 from sunk.api import LABEL_NODESET
 from sunk.local.port import build
-from sunk.scheduler.controller import Scheduler
-from sunk.scheduler.request import SCHEDULER_NAME, Options
-from sunk.scheduler.run import VIEW_STALE_AFTER
+from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
-from sunk.slurm.view import SlurmView
 from sunk.testbed.kube import KubeControlPlane, async_client
 from sunk.testbed.procs import Supervisor
 from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
@@ -53,6 +53,8 @@ NAMESPACE = "bench"
 NODESET_NAMESPACE = "bench-nodeset"
 PARTITION = "bench"
 CREATORS = 16
+# How long the scheduler process gets to start: its 5 s settle before submitting, and more.
+SETTLE = 10.0
 
 
 def node_body(name: str) -> dict[str, Any]:
@@ -166,6 +168,11 @@ async def clear(kube: AsyncClient) -> None:
         await asyncio.sleep(0.5)
 
 
+def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
 def live_jobs(cluster: SlurmCluster) -> int:
     out = cluster.run(["squeue", "-h", "-t", "PD,R,CG", "-o", "%i"], check=False, timeout=60)
     return len(out.stdout.split())
@@ -218,22 +225,37 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
             print(f"kube-scheduler, {count}: {results[('kube-scheduler', count)]}", flush=True)
             await clear(kube)
 
-        client = SlurmClient(slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root"))
-        async with (
-            client,
-            SlurmView(client, interval=interval, stale_after=VIEW_STALE_AFTER) as view,
-        ):
-            scheduler = Scheduler(
-                kube,
-                client,
-                view,
-                options=Options(partition=PARTITION, kill_wait=2),
-                namespace=NAMESPACE,
-                slurmd_namespace=NODESET_NAMESPACE,
-            )
-            task = asyncio.create_task(scheduler.run())
-            await scheduler.ready.wait()
-            try:
+        # sunk's scheduler as its own process, as kube-scheduler is: `sunk scheduler`.
+        argv = [
+            str(Path(sys.executable).parent / "sunk"),
+            "scheduler",
+            "--slurmrestd",
+            slurm.restd_url,
+            "--jwt-key",
+            str(slurm.jwt_key),
+            "--slurm-user",
+            "root",
+            "--kubeconfig",
+            str(access.admin_kubeconfig),
+            "--namespace",
+            NAMESPACE,
+            "--slurmd-namespace",
+            NODESET_NAMESPACE,
+            "--partition",
+            PARTITION,
+            "--kill-wait",
+            "2",
+            "--poll-interval",
+            str(interval),
+            "-v",
+        ]
+        log_path = state / "scheduler.log"
+        process = spawn(argv, log_path)
+        try:
+            await asyncio.sleep(SETTLE)  # leader, informers synced, first submits allowed
+            async with SlurmClient(
+                slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root")
+            ) as client:
                 for count in bursts:
                     results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)
                     print(f"sunk, {count}: {results[('sunk', count)]}", flush=True)
@@ -251,11 +273,11 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
                         )
                     await clear(kube)
                     await wait_no_jobs(cluster)
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            print(f"slurmrestd requests: {client.stats!r}")
+        finally:
+            process.terminate()
+            process.wait(30)
+            if trace := os.environ.get("BENCH_TRACE"):
+                shutil.copy(log_path, trace)
 
         print(f"\nBursts of single-node pods, {nodes} nodes, 2 cores shared:")
         print(f"{'burst':>6} {'scheduler':<15} {'p50 s':>7} {'p99 s':>7} {'pods/s':>8}")
@@ -290,8 +312,7 @@ async def run_cancellable(
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    if os.environ.get("BENCH_TRACE"):
-        logging.getLogger("sunk.scheduler").setLevel(logging.INFO)
+    if os.environ.get("BENCH_TRACE"):  # a file for the scheduler's log; creations logged here
         logging.getLogger("bench").setLevel(logging.INFO)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

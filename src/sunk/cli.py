@@ -188,6 +188,7 @@ def scheduler(
     kill_wait: Annotated[
         int, typer.Option(help="Slurm's KillWait (s); longer pod grace periods are refused.")
     ] = 30,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between Slurm polls.")] = 0.25,
     lease_namespace: LeaseNamespaceOption = "default",
     verbose: VerboseOption = False,
 ) -> None:
@@ -209,6 +210,7 @@ def scheduler(
             constraint=constraint,
             gpu_types=types,
             kill_wait=kill_wait,
+            poll_interval=poll_interval,
             lease_namespace=lease_namespace,
         )
     )
