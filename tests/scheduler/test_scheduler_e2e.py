@@ -143,7 +143,9 @@ class SchedulerProcess:
         credentials = JwtMinter(FileKey(self.sb.key), "root")
         async with (
             SlurmClient(self.sb.url, credentials) as client,
-            SlurmView(client, interval=0.25, stale_after=VIEW_STALE_AFTER) as view,
+            SlurmView(
+                client, interval=0.25, stale_after=VIEW_STALE_AFTER, watch_nodes=False
+            ) as view,
         ):
             self.scheduler = Scheduler(
                 self.kube,

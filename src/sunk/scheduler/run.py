@@ -54,7 +54,12 @@ async def run_scheduler(config: SchedulerConfig) -> None:
     )
     async with (
         SlurmClient(config.slurmrestd_url, credentials) as slurm,
-        SlurmView(slurm, interval=config.poll_interval, stale_after=VIEW_STALE_AFTER) as view,
+        SlurmView(
+            slurm,
+            interval=config.poll_interval,
+            stale_after=VIEW_STALE_AFTER,
+            watch_nodes=False,  # Slurm nodes come from the NodeSet pods
+        ) as view,
     ):
 
         async def lead() -> None:
