@@ -169,6 +169,62 @@ def syncer(
     )
 
 
+@app.command()
+def scheduler(
+    slurmrestd: SlurmrestdOption,
+    jwt_key: JwtKeyOption,
+    slurm_user: SlurmUserOption = "slurm",
+    kubeconfig: KubeconfigOption = None,
+    scheduler_name: Annotated[
+        str, typer.Option(help="Place pods whose spec.schedulerName is this.")
+    ] = "sunk-scheduler",
+    namespace: Annotated[
+        str | None, typer.Option(help="Place pods of one namespace (default: all).")
+    ] = None,
+    slurmd_namespace: Annotated[
+        str | None, typer.Option(help="Namespace of the NodeSet pods (default: all).")
+    ] = None,
+    partition: Annotated[
+        str | None, typer.Option(help="Slurm partition of the NodeSet nodes (default: Slurm's).")
+    ] = None,
+    constraint: Annotated[
+        str | None, typer.Option(help="Slurm constraint limiting jobs to NodeSet nodes.")
+    ] = None,
+    gpu_type: Annotated[
+        list[str] | None,
+        typer.Option(help="PRODUCT=TYPE: GPU product label value → Slurm GRES type."),
+    ] = None,
+    kill_wait: Annotated[
+        int, typer.Option(help="Slurm's KillWait (s); longer pod grace periods are refused.")
+    ] = 30,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between Slurm polls.")] = 0.25,
+    lease_namespace: LeaseNamespaceOption = "default",
+    verbose: VerboseOption = False,
+) -> None:
+    """Place pods on NodeSet nodes through Slurm placeholder jobs (leader-elected)."""
+    from sunk.scheduler.run import SchedulerConfig, main
+
+    _component_logging(verbose)
+    types = dict(item.split("=", 1) for item in gpu_type or [])
+    main(
+        SchedulerConfig(
+            slurmrestd_url=slurmrestd,
+            jwt_key_file=jwt_key,
+            slurm_user=slurm_user,
+            kubeconfig=kubeconfig,
+            scheduler_name=scheduler_name,
+            namespace=namespace,
+            slurmd_namespace=slurmd_namespace,
+            partition=partition,
+            constraint=constraint,
+            gpu_types=types,
+            kill_wait=kill_wait,
+            poll_interval=poll_interval,
+            lease_namespace=lease_namespace,
+        )
+    )
+
+
 @testbed.command("prepare")
 def testbed_prepare() -> None:
     """Build or reuse the cached Kubernetes binaries and Slurm root filesystem."""

@@ -14,7 +14,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +95,7 @@ async def local_bed(
     *,
     prefix: str = "t-local",
     extra_conf: Sequence[str] = (),
+    etc_files: Mapping[str, str] | None = None,
 ) -> AsyncIterator[LocalBed]:
     """`nodes(tag)` names the nodes; `tag` keeps two beds (or test runs) apart."""
     rootfs = await asyncio.to_thread(ensure_rootfs)
@@ -109,6 +110,7 @@ async def local_bed(
         nodes=0,
         controller_address="127.0.0.1",  # replaced below, once the gateway is known
         extra_conf=["SlurmctldParameters=enable_configless", *extra_conf],
+        etc_files=etc_files,
     )
     namespace = f"{prefix}-{tag}"
     try:

@@ -6,6 +6,7 @@ kubeconfig and the one connection pool serve these too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -33,14 +34,26 @@ async def delete_pod(client: AsyncClient, namespace: str, name: str, uid: str) -
     return True
 
 
-async def bind_pod(client: AsyncClient, namespace: str, name: str, node: str, uid: str) -> None:
-    """POST pods/binding: lightkube binds, then fails to parse the 201 Status reply."""
+async def bind_pod(
+    client: AsyncClient,
+    namespace: str,
+    name: str,
+    node: str,
+    uid: str,
+    annotations: Mapping[str, str] | None = None,
+) -> None:
+    """POST pods/binding: lightkube binds, then fails to parse the 201 Status reply.
+
+    `annotations` are set on the pod with the binding (the apiserver copies them)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     reply = await _http(client).post(
         f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
         json={
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         },
     )

@@ -106,10 +106,12 @@ class Dialect:
 
     # -- request bodies --------------------------------------------------------
 
-    def _exclusive(self) -> JsonObject:
+    def _exclusive(self, sharing: str = "none") -> JsonObject:
         if self._minor >= 42:
-            return {"shared": ["none"]}
-        return {"exclusive": ["true"]}
+            return {"shared": [sharing]}
+        if sharing == "oversubscribe":
+            return {"shared": ["oversubscribe"]}
+        return {"exclusive": ["true" if sharing == "none" else sharing]}
 
     def submit_body(self, spec: JobSpec) -> JsonObject:
         job: JsonObject = _drop_none(
@@ -144,7 +146,9 @@ class Dialect:
                 "script": spec.script,
             }
         )
-        if spec.exclusive:
+        if spec.sharing is not None:
+            job.update(self._exclusive(spec.sharing))
+        elif spec.exclusive:
             job.update(self._exclusive())
         return {"job": job}
 

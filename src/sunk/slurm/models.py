@@ -294,6 +294,9 @@ class JobSpec(_Model):
     tres_per_node: str | None = None  # e.g. "gres/gpu:h100:8"
     comment: str | None = None
     exclusive: bool = False
+    # Finer than `exclusive`: "none" (whole nodes), "user", "mcs", "topo", or
+    # "oversubscribe"; None leaves Slurm's default. Wins over `exclusive`.
+    sharing: str | None = None
     hold: bool = False
     requeue: bool | None = None
     user_id: int | None = None  # submit as this uid (needs an admin token)

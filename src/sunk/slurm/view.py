@@ -243,6 +243,7 @@ class SlurmView:
         *,
         interval: float = 1.0,
         watch_jobs: bool = True,
+        watch_nodes: bool = True,
         stale_after: float | None = None,
         poll_timeout: float = 10.0,
         max_backoff: float = 5.0,
@@ -251,6 +252,9 @@ class SlurmView:
         self.client = client
         self.interval = interval
         self.watch_jobs = watch_jobs
+        # A jobs-only view (the scheduler's) never reads nodes: cheaper, and out of
+        # reach of 24.11's "Unable to query partitions" on node reads.
+        self.watch_nodes = watch_nodes
         # Several missed polls, and at least a slow full read, before "stale".
         self.stale_after = stale_after if stale_after is not None else max(5.0, 3 * interval)
         self.poll_timeout = poll_timeout
@@ -457,7 +461,7 @@ class SlurmView:
                 if self._state is not ViewState.FRESH and self._state is not ViewState.STARTING:
                     # Recovering: slurmrestd may have been upgraded while away.
                     await self.client.negotiate(force=True)
-                events = await self._sync_nodes(full)
+                events = await self._sync_nodes(full) if self.watch_nodes else []
                 if self.watch_jobs:
                     events += await self._sync_jobs(full)
             except SlurmError as exc:

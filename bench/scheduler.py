@@ -1,0 +1,332 @@
+"""Benchmark: create→bound latency and throughput, sunk's scheduler against kube-scheduler.
+
+    sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000] [--slurm-conf LINE]
+
+One run, one bed (fresh state directory): the real control plane (its stock
+kube-scheduler included), `sunk scheduler` as a process of its own, and a
+real Slurm whose N static nodes are slurmd processes on this host (`tb1`…),
+in a partition with `OverSubscribe=FORCE` so that 1,000 one-CPU placeholder
+jobs fit on a few 2-CPU nodes. On the Kubernetes side the same N nodes are
+Node objects without a kubelet (bound pods are not started: this measures
+placement, not pod start-up), each with a NodeSet-style slurmd pod object
+that maps Slurm node `tbK` to Node `bench-K`.
+
+For each burst size, and for each scheduler in turn, the burst's pods (1 CPU,
+tolerating every taint) are created by 16 concurrent clients; a watch
+records when each pod's `spec.nodeName` appears. Printed per burst:
+create→bound p50 / p99 (from just before the create call) and pods/s (pods
+over first create to last bound), and sunk / kube-scheduler throughput.
+Between bursts the pods are deleted and, for sunk, every job is left to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+
+from sunk.api import LABEL_NODESET
+from sunk.local.port import build
+from sunk.scheduler.request import SCHEDULER_NAME
+from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.client import SlurmClient
+from sunk.testbed.kube import KubeControlPlane, async_client
+from sunk.testbed.procs import Supervisor
+from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+
+NAMESPACE = "bench"
+NODESET_NAMESPACE = "bench-nodeset"
+PARTITION = "bench"
+CREATORS = 16
+# How long the scheduler process gets to start: its 5 s settle before submitting, and more.
+SETTLE = 10.0
+
+
+def node_body(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def node_status() -> dict[str, Any]:
+    capacity = {"cpu": "1000", "memory": "4000Gi", "pods": "5000"}
+    return {
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}
+            ],
+        }
+    }
+
+
+def mapping_pod(slurm_node: str, node: str) -> dict[str, Any]:
+    """What a NodeSet pod tells the scheduler: Slurm node `slurm_node` is Node `node`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": slurm_node,
+            "namespace": NODESET_NAMESPACE,
+            "labels": {LABEL_NODESET: "b"},
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurm"}]},
+    }
+
+
+def bench_pod(name: str, scheduler: str | None) -> Pod:
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 0,
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "slurm",
+                "command": ["sleep", "3600"],
+                # No memory: the bed's static Slurm nodes have RealMemory=1 (unset).
+                "resources": {"requests": {"cpu": "1"}},
+            }
+        ],
+    }
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    return build(
+        Pod,
+        {
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"bench": "1"}},
+            "spec": spec,
+        },
+    )
+
+
+async def burst(
+    kube: AsyncClient, prefix: str, count: int, scheduler: str | None
+) -> dict[str, float]:
+    created: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        async for _, pod in kube.watch(Pod, namespace=NAMESPACE, labels={"bench": "1"}):
+            name = pod.metadata.name if pod.metadata else ""
+            if name and name.startswith(prefix) and pod.spec and pod.spec.nodeName:
+                bound.setdefault(name, time.monotonic())
+                if len(bound) == count:
+                    done.set()
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0.5)  # the watch is open
+    names = [f"{prefix}-{i:04d}" for i in range(count)]
+    queue = list(reversed(names))
+
+    async def creator() -> None:
+        while queue:
+            name = queue.pop()
+            created[name] = time.monotonic()
+            await kube.create(bench_pod(name, scheduler))
+            logging.getLogger("bench").info("created %s", name)
+
+    await asyncio.gather(*(creator() for _ in range(CREATORS)))
+    try:
+        await asyncio.wait_for(done.wait(), 300)
+    except TimeoutError:
+        raise TimeoutError(f"{len(bound)} of {count} pods bound after 300 s") from None
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    latencies = sorted(bound[n] - created[n] for n in names)
+    span = max(bound.values()) - min(created.values())
+    return {
+        "p50": statistics.median(latencies),
+        "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "rate": count / span,
+    }
+
+
+async def clear(kube: AsyncClient) -> None:
+    while True:
+        if not [p async for p in kube.list(Pod, namespace=NAMESPACE)]:
+            return
+        # A thousand deletions can outlast the client's timeout: delete what is left.
+        with contextlib.suppress(httpx2.TimeoutException):
+            await kube.deletecollection(Pod, namespace=NAMESPACE, grace_period=0)
+        await asyncio.sleep(0.5)
+
+
+def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def live_jobs(cluster: SlurmCluster) -> int:
+    out = cluster.run(["squeue", "-h", "-t", "PD,R,CG", "-o", "%i"], check=False, timeout=60)
+    return len(out.stdout.split())
+
+
+async def wait_no_jobs(cluster: SlurmCluster) -> None:
+    while True:
+        if not await asyncio.to_thread(live_jobs, cluster):
+            return
+        await asyncio.sleep(1)
+
+
+async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: float) -> None:
+    state = Path(tempfile.mkdtemp(prefix="sunk-bsch-", dir="/tmp"))
+    supervisor = Supervisor(state)
+    control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)
+    cluster: SlurmCluster | None = None
+    kube: AsyncClient | None = None
+    rootfs = ensure_rootfs()
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    try:
+        access = control_plane.start()
+        kube = async_client(access.admin_kubeconfig, field_manager="bench")
+        cluster = SlurmCluster(
+            state,
+            supervisor,
+            rootfs,
+            nodes=nodes,
+            extra_conf=[
+                f"PartitionName={PARTITION} Nodes=tb[1-{nodes}] MaxTime=INFINITE State=UP"
+                " OverSubscribe=FORCE:256",
+                "MaxJobCount=100000",
+                *slurm_conf,
+            ],
+        )
+        slurm = await asyncio.to_thread(cluster.start)
+        for namespace in (NAMESPACE, NODESET_NAMESPACE):
+            await kube.create(build(Namespace, {"metadata": {"name": namespace}}))
+        while True:  # pods cannot be created before the namespace's default ServiceAccount
+            if [a async for a in kube.list(ServiceAccount, namespace=NAMESPACE)]:
+                break
+            await asyncio.sleep(0.1)
+        for i in range(1, nodes + 1):
+            await kube.create(build(Node, node_body(f"bench-{i}")))
+            await kube.patch(Node.Status, f"bench-{i}", node_status())
+            await kube.create(build(Pod, mapping_pod(f"tb{i}", f"bench-{i}")))
+
+        for count in bursts:
+            results[("kube-scheduler", count)] = await burst(kube, f"k{count}", count, None)
+            print(f"kube-scheduler, {count}: {results[('kube-scheduler', count)]}", flush=True)
+            await clear(kube)
+
+        # sunk's scheduler as its own process, as kube-scheduler is: `sunk scheduler`.
+        argv = [
+            str(Path(sys.executable).parent / "sunk"),
+            "scheduler",
+            "--slurmrestd",
+            slurm.restd_url,
+            "--jwt-key",
+            str(slurm.jwt_key),
+            "--slurm-user",
+            "root",
+            "--kubeconfig",
+            str(access.admin_kubeconfig),
+            "--namespace",
+            NAMESPACE,
+            "--slurmd-namespace",
+            NODESET_NAMESPACE,
+            "--partition",
+            PARTITION,
+            "--kill-wait",
+            "2",
+            "--poll-interval",
+            str(interval),
+            "-v",
+        ]
+        log_path = state / "scheduler.log"
+        process = spawn(argv, log_path)
+        try:
+            await asyncio.sleep(SETTLE)  # leader, informers synced, first submits allowed
+            async with SlurmClient(
+                slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root")
+            ) as client:
+                for count in bursts:
+                    results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)
+                    print(f"sunk, {count}: {results[('sunk', count)]}", flush=True)
+                    listing = await client.jobs()
+                    waits = sorted(
+                        j.start_time - j.submit_time
+                        for j in (listing.items if listing else ())
+                        if j.start_time and j.submit_time and j.name.startswith(f"{NAMESPACE}/s")
+                    )
+                    if waits:
+                        print(
+                            f"  Slurm submit→start (1 s resolution): p50 {statistics.median(waits)}"
+                            f" max {waits[-1]} s over {len(waits)} jobs",
+                            flush=True,
+                        )
+                    await clear(kube)
+                    await wait_no_jobs(cluster)
+        finally:
+            process.terminate()
+            process.wait(30)
+            if trace := os.environ.get("BENCH_TRACE"):
+                shutil.copy(log_path, trace)
+
+        print(f"\nBursts of single-node pods, {nodes} nodes, 2 cores shared:")
+        print(f"{'burst':>6} {'scheduler':<15} {'p50 s':>7} {'p99 s':>7} {'pods/s':>8}")
+        for count in bursts:
+            for who in ("kube-scheduler", "sunk"):
+                r = results[(who, count)]
+                print(f"{count:>6} {who:<15} {r['p50']:7.2f} {r['p99']:7.2f} {r['rate']:8.1f}")
+            ratio = results[("sunk", count)]["rate"] / results[("kube-scheduler", count)]["rate"]
+            print(f"{count:>6} sunk / kube-scheduler throughput: {ratio:.2f}")
+    finally:
+        if kube is not None:
+            for namespace in (NAMESPACE, NODESET_NAMESPACE):
+                with contextlib.suppress(Exception):
+                    await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
+            await kube.close()
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
+        supervisor.stop_all()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def run_cancellable(
+    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float
+) -> None:
+    """SIGTERM/SIGINT cancel the run, so the bed is still torn down."""
+    task = asyncio.create_task(bench(nodes, bursts, slurm_conf, interval))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    await task
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if os.environ.get("BENCH_TRACE"):  # a file for the scheduler's log; creations logged here
+        logging.getLogger("bench").setLevel(logging.INFO)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument("--bursts", default="100,1000")
+    parser.add_argument(
+        "--slurm-conf", action="append", default=[], help="a slurm.conf line to add (repeatable)"
+    )
+    parser.add_argument("--view-interval", type=float, default=0.25, help="Slurm view poll (s)")
+    args = parser.parse_args()
+    bursts = [int(b) for b in args.bursts.split(",")]
+    asyncio.run(run_cancellable(args.nodes, bursts, args.slurm_conf, args.view_interval))
+
+
+if __name__ == "__main__":
+    main()

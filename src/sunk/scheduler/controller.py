@@ -1,0 +1,581 @@
+"""The scheduler's loop: one work key per placeholder job (a pod, or a gang of pods).
+
+Keys are what a job's comment carries (`<namespace>/<pod uid>` or
+`<namespace>/gang:<name>`), so pod events, Slurm job events and a restart all
+lead to the same key. Each reconcile reads the pods (informer) and the job
+(Slurm view, or a direct read when the view has not seen it yet) as they are
+now, and moves them one step towards agreement:
+
+- pending pods, no job → submit one (after looking for one: never twice);
+- job pending → PodScheduled=False with Slurm's reason;
+- job running → bind every pod to the Kubernetes node behind its Slurm node;
+- job ended (cancelled, timed out, preempted, requeued) → evict the pods;
+- pods gone or finished → cancel the job.
+
+Slurm's job events wake the key at once (the view polls every 0.25 s and
+costs one small reply while nothing changes), so an allocation leads to the
+bind within a poll, not within a 30 s cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from lightkube import ALL_NS, ApiError, AsyncClient, operators
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
+
+from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
+from sunk.kube.events import EventRecorder
+from sunk.kube.informer import Event, Informer
+from sunk.kube.raw import bind_pod, delete_pod
+from sunk.kube.workqueue import Result, WorkQueue, run_workers
+from sunk.scheduler.request import (
+    ANNOTATION_JOB_ID,
+    SCHEDULER_NAME,
+    Gang,
+    InvalidPod,
+    Options,
+    gang_of,
+    job_key,
+    job_spec,
+    key_of_comment,
+    namespace_of_key,
+)
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.errors import (
+    SlurmApiError,
+    SlurmError,
+    SlurmNotFoundError,
+    SlurmUnavailableError,
+)
+from sunk.slurm.hostlist import expand
+from sunk.slurm.models import Job
+from sunk.slurm.view import JobEvent, Resync, SlurmView, StateEvent, Subscription
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("PENDING", "RUNNING", "SUSPENDED")
+# Every key is looked at again this often: what events missed (orphans on
+# either side) is found within it.
+SWEEP_INTERVAL = 10.0
+# While the Slurm view is stale, a key is looked at again this late.
+STALE_RETRY = 1.0
+# After an invalid request, try again this late (Slurm's configuration may change).
+INVALID_RETRY = 60.0
+# After a submit that may or may not have been taken, look again this late
+# (more than slurmrestd's MessageTimeout-bound wait) before submitting anew.
+UNCERTAIN_WAIT = 15.0
+# A job this process submitted is waited for this long to appear in the view
+# before it is read directly.
+UNSEEN_WAIT = 5.0
+
+
+# What `_job_of` returns for a job just submitted that the view has not polled yet.
+NOT_SEEN_YET = Job(job_id=0, job_state=("PENDING",), state_reason="not polled yet")
+
+
+def _pod_uid(pod: Pod) -> str:
+    return (pod.metadata.uid if pod.metadata else None) or ""
+
+
+def _pod_name(pod: Pod) -> str:
+    return (pod.metadata.name if pod.metadata else None) or ""
+
+
+def _annotations(pod: Pod) -> dict[str, str]:
+    return dict((pod.metadata.annotations if pod.metadata else None) or {})
+
+
+def _terminal(pod: Pod) -> bool:
+    return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
+
+
+def _deleting(pod: Pod) -> bool:
+    return bool(pod.metadata and pod.metadata.deletionTimestamp)
+
+
+def _bound(pod: Pod) -> bool:
+    return bool(pod.spec and pod.spec.nodeName)
+
+
+def _pod_key(pod: Pod) -> str:
+    """The pod's work key (by the pod alone if its gang labels are malformed)."""
+    assert pod.metadata is not None
+    try:
+        gang = gang_of(pod)
+    except InvalidPod:
+        gang = None
+    return job_key(pod.metadata.namespace or "default", _pod_uid(pod), gang)
+
+
+def _active(job: Job | None) -> bool:
+    return job is not None and job.state in ACTIVE
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kube: AsyncClient,
+        slurm: SlurmClient,
+        view: SlurmView,
+        *,
+        options: Options | None = None,
+        scheduler_name: str = SCHEDULER_NAME,
+        namespace: str | None = None,
+        slurmd_namespace: str | None = None,
+        workers: int = 16,
+        settle: float = 5.0,
+    ) -> None:
+        self.options = options or Options()
+        self.scheduler_name = scheduler_name
+        self._kube = kube
+        self._slurm = slurm
+        self._view = view
+        self._namespace = namespace
+        self._workers = workers
+        # A predecessor killed mid-submit may have a job still in slurmctld's
+        # hands: nothing is submitted until `settle` seconds after start (more than
+        # slurmrestd's MessageTimeout-bound wait), and a full read then.
+        self._settle = settle
+        self.ready = asyncio.Event()  # set once submits are allowed
+        self._events = EventRecorder(kube, scheduler_name)
+        self._pods: Informer[Pod] = Informer(
+            kube, Pod, namespace=namespace or ALL_NS, fields={"spec.schedulerName": scheduler_name}
+        )
+        # slurmd pods: a Slurm node's name is its pod's name; the pod's node is behind it.
+        self._slurmd: Informer[Pod] = Informer(
+            kube,
+            Pod,
+            namespace=slurmd_namespace or ALL_NS,
+            labels={LABEL_NODESET: operators.exists()},
+        )
+        self.queue: WorkQueue[str] = WorkQueue()
+        # Keys Slurm woke (a job started or ended) have their own queue and
+        # workers: a bind must not wait behind a burst of pods waiting to be
+        # submitted. A per-key lock keeps the two from working on one key at once.
+        self.urgent: WorkQueue[str] = WorkQueue()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._pods_by_key: dict[str, set[str]] = {}
+        self._key_of_pod: dict[str, str] = {}
+        self._jobs_by_key: dict[str, set[int]] = {}
+        # Jobs this process submitted, by key: known before the view shows them.
+        self._submitted: dict[str, tuple[int, float]] = {}  # key → (job id, wait until)
+        self._reported: dict[str, str] = {}  # key → last problem reported as an Event
+        # Jobs cancelled because their gang fell apart before binding: a gang made
+        # whole again gets a new job, and the old one is no reason to evict it.
+        self._dropped: set[int] = set()
+        # Keys whose submit failed in a way that may still have been taken, until when.
+        self._uncertain: dict[str, float] = {}
+        self._pods.subscribe(self._on_pod)
+        self.submits = 0  # for tests: how many jobs this instance submitted
+        self.binds = 0
+
+    # -- indexes and wake-ups -------------------------------------------------------
+
+    def _on_pod(self, event: Event[Pod]) -> None:
+        old_key = self._key_of_pod.pop(event.key, None)
+        if old_key is not None:
+            members = self._pods_by_key.get(old_key, set())
+            members.discard(event.key)
+            if not members:
+                self._pods_by_key.pop(old_key, None)
+            self.queue.add(old_key)
+        if event.new is not None:
+            key = _pod_key(event.new)
+            self._key_of_pod[event.key] = key
+            self._pods_by_key.setdefault(key, set()).add(event.key)
+            self.queue.add(key)
+
+    def _in_scope(self, key: str) -> bool:
+        return self._namespace is None or namespace_of_key(key) == self._namespace
+
+    def _index_job(self, job_id: int, old: Job | None, new: Job | None) -> str | None:
+        key = None
+        for job in (old, new):
+            if job is not None and (found := key_of_comment(job.comment)) is not None:
+                key = found
+                if job is new:
+                    self._jobs_by_key.setdefault(found, set()).add(job_id)
+                elif new is None:
+                    ids = self._jobs_by_key.get(found, set())
+                    ids.discard(job_id)
+                    if not ids:
+                        self._jobs_by_key.pop(found, None)
+        return key
+
+    def _reindex_jobs(self) -> None:
+        self._jobs_by_key.clear()
+        for job_id, job in self._view.jobs(allow_stale=True).items():
+            self._index_job(job_id, None, job)
+
+    async def _follow_slurm(self, subscription: Subscription) -> None:
+        try:
+            async for event in subscription:
+                if isinstance(event, JobEvent):
+                    key = self._index_job(event.job_id, event.old, event.new)
+                    if key is not None and self._in_scope(key):
+                        self.urgent.add(key)
+                elif isinstance(event, StateEvent | Resync):
+                    self._reindex_jobs()
+                    self._requeue_all()
+        finally:
+            subscription.close()
+
+    def _requeue_all(self) -> None:
+        keys = set(self._pods_by_key) | {k for k in self._jobs_by_key if self._in_scope(k)}
+        for key in keys:
+            self.queue.add(key)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            self._requeue_all()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._pods.run())
+            group.create_task(self._slurmd.run())
+            await asyncio.gather(self._pods.synced.wait(), self._slurmd.synced.wait())
+            subscription = self._view.subscribe(replay=False)
+            # A full read that began after this process started, indexed before
+            # any reconcile: a job a predecessor submitted just before it died is
+            # found, never submitted again.
+            await self._refresh()
+            self._reindex_jobs()
+            group.create_task(self._follow_slurm(subscription))
+            group.create_task(self._settle_then_submit())
+            group.create_task(self._sweep())
+            group.create_task(run_workers(self.queue, self.reconcile, self._workers))
+            group.create_task(run_workers(self.urgent, self.reconcile, self._workers))
+
+    async def _settle_then_submit(self) -> None:
+        await asyncio.sleep(self._settle)
+        await self._refresh()
+        self._reindex_jobs()
+        self.ready.set()
+        self._requeue_all()
+
+    async def _refresh(self) -> None:
+        while True:
+            try:
+                await self._view.refresh()
+                return
+            except SlurmError as exc:  # e.g. 24.11's passing "Unable to query partitions"
+                log.warning("reading Slurm failed (%s); trying again", exc)
+                await asyncio.sleep(0.5)
+
+    # -- the reconcile ---------------------------------------------------------------
+
+    def _members(self, key: str) -> list[Pod]:
+        pods = [self._pods.get(k) for k in self._pods_by_key.get(key, ())]
+        return sorted((p for p in pods if p is not None), key=_pod_name)
+
+    async def _job_of(self, key: str, pods: Sequence[Pod]) -> tuple[int | None, Job | None]:
+        """The job for `key` (the live one if several), with its id; (None, None) if none."""
+        jobs = self._view.jobs()
+        ids = set(self._jobs_by_key.get(key, ()))
+        if (mine := self._submitted.get(key)) is not None:
+            ids.add(mine[0])
+        for pod in pods:
+            if (written := _annotations(pod).get(ANNOTATION_JOB_ID, "")).isdigit():
+                ids.add(int(written))
+        ids -= self._dropped
+        known = [(i, jobs.get(i)) for i in sorted(ids)]
+        for job_id, job in known:
+            if _active(job):
+                return job_id, job
+        for job_id, job in reversed(known):
+            if job is None:
+                if mine is not None and mine[0] == job_id and time.monotonic() < mine[1]:
+                    return job_id, NOT_SEEN_YET  # the view's next poll brings it
+                job = await self._slurm.job(job_id)
+                if _active(job) or (job is not None and key_of_comment(job.comment) == key):
+                    return job_id, job
+            else:
+                return job_id, job
+        return (max(ids), None) if ids else (None, None)
+
+    async def reconcile(self, key: str) -> Result | None:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            return await self._reconcile(key)
+
+    async def _reconcile(self, key: str) -> Result | None:
+        if not self._view.fresh:
+            # Look again soon: a view that was only slow turns fresh again without
+            # an event (a StateEvent requeues every key after an outage).
+            return Result(requeue_after=STALE_RETRY)
+        pods = self._members(key)
+        job_id, job = await self._job_of(key, pods)
+        if job is NOT_SEEN_YET:
+            return Result(requeue_after=UNSEEN_WAIT)  # a JobEvent comes first, normally
+        live = [p for p in pods if not _terminal(p) and not _deleting(p)]
+        if not pods:
+            await self._cancel(key, job_id, job, "its pods are gone")
+            return None
+        gang = gang_of(live[0]) if live else None
+        wanted = gang.size if gang is not None else 1
+        bound = [p for p in live if _bound(p)]
+        if bound or (job is not None and job.state == "RUNNING" and any(map(_bound, pods))):
+            return await self._keep_running(key, pods, live, job_id, job, wanted)
+        # Nothing bound yet.
+        if len(live) < wanted or len(live) < len(pods):
+            # Pods of the gang missing or finished (or the pod itself deleted): no job may run.
+            if job_id is not None and _active(job):
+                self._dropped.add(job_id)
+                # Nor may the pods keep its id: a restarted scheduler would take the
+                # ended job for theirs and evict them once the gang is whole again.
+                for pod in live:
+                    if ANNOTATION_JOB_ID in _annotations(pod):
+                        await self._patch_pod(
+                            pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: None}}}
+                        )
+            await self._cancel(key, job_id, job, "the pods it was for are not all pending")
+            if live and len(live) < wanted:
+                await self._pending(live, f"waiting for the gang: {len(live)} of {wanted} pods")
+            return None
+        if job is not None and not _active(job):
+            # Cancelled, timed out or failed before it could be bound: the pods go too.
+            await self._evict(live, job_id, job)
+            return None
+        if job is None:
+            if job_id is not None:
+                await self._evict(live, job_id, None)  # its job is gone
+                return None
+            return await self._submit(key, live, gang)
+        if job.state == "RUNNING":
+            await self._bind(key, live, job_id, job)
+            return None
+        if job.state_reason != "None":  # "None": Slurm has not looked at it yet
+            await self._pending(
+                live, f"Slurm job {job_id} {job.state.lower()}: {job.state_reason}", job_id
+            )
+        return None
+
+    async def _keep_running(
+        self,
+        key: str,
+        pods: Sequence[Pod],
+        live: Sequence[Pod],
+        job_id: int | None,
+        job: Job | None,
+        wanted: int,
+    ) -> Result | None:
+        """Pods are (partly) bound: they stay only while their job runs, all of them."""
+        running = job is not None and job.state == "RUNNING"
+        if running and len(live) == len(pods) == wanted:
+            assert job is not None
+            if unbound := [p for p in live if not _bound(p)]:
+                await self._bind(key, unbound, job_id, job)
+            return None
+        if running and not any(map(_terminal, pods)) and all(map(_deleting, pods)):
+            return None  # they are stopping; the job ends once they are gone
+        # A member finished or was deleted, or the job ended or was requeued: end it all.
+        await self._cancel(key, job_id, job, "its pods no longer all run")
+        await self._evict(live, job_id, job)
+        return None
+
+    # -- actions -----------------------------------------------------------------------
+
+    async def _submit(self, key: str, pods: Sequence[Pod], gang: Gang | None) -> Result | None:
+        if not self.ready.is_set():
+            return None  # every key is looked at again once it is
+        try:
+            spec = job_spec(pods, self.options, gang)
+        except InvalidPod as exc:
+            await self._refuse(key, pods, str(exc))
+            return Result(requeue_after=INVALID_RETRY)
+        if (until := self._uncertain.get(key)) is not None:
+            if (left := until - time.monotonic()) > 0:
+                return Result(requeue_after=left)
+            # Long enough for slurmctld to have finished whatever it was doing:
+            # a full read shows the job if the earlier submit was taken.
+            del self._uncertain[key]
+            await self._view.refresh()
+            self._reindex_jobs()
+            self.queue.add(key)
+            return None
+        try:
+            result = await self._slurm.submit(spec)
+        except SlurmUnavailableError as exc:
+            if exc.maybe_applied:
+                self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
+            raise
+        except SlurmApiError as exc:
+            if exc.transient:
+                # A busy slurmctld times out (5004) but may still take the job later.
+                self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
+                raise
+            await self._refuse(key, pods, f"Slurm refused the job: {exc.message}")
+            return Result(requeue_after=INVALID_RETRY)
+        self._submitted[key] = (result.job_id, time.monotonic() + UNSEEN_WAIT)
+        self._reported.pop(key, None)
+        self.submits += 1
+        log.info("submitted job %d for %s", result.job_id, key)
+        await asyncio.gather(*(self._tolerate_lock(pod, result.job_id) for pod in pods))
+        return None
+
+    async def _tolerate_lock(self, pod: Pod, job_id: int) -> None:
+        """Let the pod stay on a node Slurm locked for its job (the syncer's taint), and
+        write the job id with it. A pod that tolerates it already is not written to:
+        its job id rides on the Binding."""
+        assert pod.metadata is not None
+        assert pod.spec is not None
+        tolerations = [t.to_dict() for t in pod.spec.tolerations or []]
+        if any(
+            t.get("key") == TAINT_NODE_LOCK or (not t.get("key") and t.get("operator") == "Exists")
+            for t in tolerations
+        ):
+            return
+        # Tolerations may only grow, which a merge patch of the whole list does.
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}},
+            "spec": {"tolerations": [*tolerations, {"key": TAINT_NODE_LOCK, "operator": "Exists"}]},
+        }
+        await self._patch_pod(pod, patch)
+
+    async def _patch_pod(self, pod: Pod, patch: dict[str, Any], *, status: bool = False) -> None:
+        """Merge-patch the pod (strategic for its status: conditions merge by type);
+        a pod gone meanwhile is no error."""
+        assert pod.metadata is not None
+        try:
+            await self._kube.patch(
+                Pod.Status if status else Pod,
+                pod.metadata.name or "",
+                patch,
+                namespace=pod.metadata.namespace,
+                patch_type=PatchType.STRATEGIC if status else PatchType.MERGE,
+            )
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+
+    def _kube_node(self, slurm_node: str) -> str | None:
+        for pod in self._slurmd.items():
+            if pod.metadata and pod.metadata.name == slurm_node and not _deleting(pod):
+                return pod.spec.nodeName if pod.spec else None
+        return None
+
+    async def _bind(self, key: str, pods: Sequence[Pod], job_id: int | None, job: Job) -> None:
+        slurm_nodes = expand(job.nodes)
+        targets = [self._kube_node(name) for name in slurm_nodes]
+        if None in targets or len(targets) < len(pods):
+            missing = [n for n, t in zip(slurm_nodes, targets, strict=True) if t is None]
+            await self._pending(
+                pods,
+                f"Slurm job {job_id} runs on {job.nodes}, not a NodeSet "
+                f"node with a Kubernetes node: {', '.join(missing)}",
+            )
+            return
+        taken = {p.spec.nodeName for p in self._members(key) if p.spec and p.spec.nodeName}
+        free = [t for t in targets if t not in taken]
+        results = await asyncio.gather(
+            *(self._bind_one(pod, node, job_id) for pod, node in zip(pods, free, strict=False)),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _bind_one(self, pod: Pod, node: str | None, job_id: int | None) -> None:
+        assert pod.metadata is not None
+        assert node is not None
+        await bind_pod(
+            self._kube,
+            pod.metadata.namespace or "default",
+            _pod_name(pod),
+            node,
+            _pod_uid(pod),
+            annotations={ANNOTATION_JOB_ID: str(job_id)},
+        )
+        self.binds += 1
+        log.info("bound %s/%s to %s (job %s)", pod.metadata.namespace, _pod_name(pod), node, job_id)
+        await self._events.emit(
+            pod,
+            "Scheduled",
+            f"Slurm job {job_id} allocated {node}; bound",
+            action="Binding",
+        )
+
+    async def _cancel(self, key: str, job_id: int | None, job: Job | None, why: str) -> None:
+        if job_id is None or not _active(job):
+            if not self._pods_by_key.get(key):
+                self._submitted.pop(key, None)
+                self._reported.pop(key, None)
+                self._locks.pop(key, None)
+            return
+        log.info("cancel job %d (%s): %s", job_id, key, why)
+        with contextlib.suppress(SlurmNotFoundError):
+            if job is not None and job.state == "RUNNING":
+                await self._release(job_id)
+            await self._slurm.cancel(job_id)
+        self._view.poll_now()
+
+    async def _release(self, job_id: int) -> None:
+        """The placeholder ends at once on SIGUSR1; a plain cancel would hold the
+        node for KillWait (it ignores SIGTERM on purpose)."""
+        try:
+            await self._slurm.signal(job_id, "SIGUSR1", full=True)
+        except SlurmApiError as exc:
+            log.warning("could not signal job %d (%s): it ends after KillWait", job_id, exc)
+
+    async def _evict(self, pods: Sequence[Pod], job_id: int | None, job: Job | None) -> None:
+        if job is None:
+            why = f"Slurm job {job_id} is gone"
+        else:
+            why = f"Slurm job {job_id} is {job.state}" + (
+                f" ({job.state_reason})" if job.state_reason and job.state_reason != "None" else ""
+            )
+        for pod in pods:
+            if _deleting(pod):
+                continue
+            assert pod.metadata is not None
+            log.info("evict %s/%s: %s", pod.metadata.namespace, pod.metadata.name, why)
+            await self._events.emit(pod, "Evicted", why, action="Evicting", type_="Warning")
+            # The pod's own grace period: it fits KillWait (checked at submit).
+            await delete_pod(
+                self._kube, pod.metadata.namespace or "default", _pod_name(pod), _pod_uid(pod)
+            )
+
+    async def _refuse(self, key: str, pods: Sequence[Pod], message: str) -> None:
+        await self._pending(pods, message)
+        if self._reported.get(key) != message:
+            self._reported[key] = message
+            for pod in pods:
+                await self._events.emit(
+                    pod, "FailedScheduling", message, action="Scheduling", type_="Warning"
+                )
+
+    async def _pending(self, pods: Iterable[Pod], message: str, job_id: int | None = None) -> None:
+        """PodScheduled=False, reason Unschedulable, with `message` (Slurm's words); and
+        the pending job's id on the pod."""
+        for pod in pods:
+            assert pod.metadata is not None
+            if job_id is not None and _annotations(pod).get(ANNOTATION_JOB_ID) != str(job_id):
+                await self._patch_pod(
+                    pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}}}
+                )
+            conditions = (pod.status.conditions if pod.status else None) or []
+            have = next((c for c in conditions if c.type == "PodScheduled"), None)
+            if have is not None and have.status == "False" and have.message == message:
+                continue
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            condition = {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": (
+                    have.lastTransitionTime.strftime("%Y-%m-%dT%H:%M:%SZ")
+                    if have is not None and have.status == "False" and have.lastTransitionTime
+                    else now
+                ),
+            }
+            await self._patch_pod(pod, {"status": {"conditions": [condition]}}, status=True)

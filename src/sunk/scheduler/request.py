@@ -1,0 +1,302 @@
+"""What a pod asks Slurm for: its placeholder job, read from the pod alone (pure).
+
+A pod's identity travels in the job's comment (`sunk:<namespace>/<uid>`, or
+`sunk:<namespace>/gang:<group>` for a gang), so a restarted scheduler finds
+the job it submitted before it could write the job id on the pod. A user's
+comment annotation follows the tag after a space.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from lightkube.models.core_v1 import Container
+from lightkube.resources.core_v1 import Pod
+from lightkube.utils.quantity import parse_quantity
+
+from sunk.api import DOMAIN
+from sunk.slurm.models import JobSpec
+
+SCHEDULER_NAME = "sunk-scheduler"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+# Written by the scheduler.
+ANNOTATION_JOB_ID = f"{DOMAIN}/slurm-job-id"
+# Read from the pod: Slurm options.
+ANNOTATION_PARTITION = f"{DOMAIN}/partition"
+ANNOTATION_ACCOUNT = f"{DOMAIN}/account"
+ANNOTATION_QOS = f"{DOMAIN}/qos"
+ANNOTATION_TIME_LIMIT = f"{DOMAIN}/time-limit"
+ANNOTATION_RESERVATION = f"{DOMAIN}/reservation"
+ANNOTATION_EXCLUSIVE = f"{DOMAIN}/exclusive"
+ANNOTATION_COMMENT = f"{DOMAIN}/comment"
+ANNOTATION_USER_ID = f"{DOMAIN}/user-id"
+ANNOTATION_GROUP_ID = f"{DOMAIN}/group-id"
+ANNOTATION_GPU_TYPE = f"{DOMAIN}/gpu-type"
+# Gangs: a label or annotation naming the group, and its size.
+GANG_NAME = f"{DOMAIN}/gang"
+GANG_SIZE = f"{DOMAIN}/gang-size"
+# JobSet / LeaderWorkerSet groups, read when no sunk gang is named.
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
+JOBSET_PARALLELISM = "batch.kubernetes.io/job-completions"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
+
+TAG = "sunk:"
+# slurm --exclusive modes, by the annotation's value (SUNK's none/user/ok, plus Slurm's words).
+SHARING = {
+    "none": "none",
+    "true": "none",
+    "exclusive": "none",
+    "user": "user",
+    "mcs": "mcs",
+    "topo": "topo",
+    "ok": "oversubscribe",
+    "oversubscribe": "oversubscribe",
+}
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+# The placeholder's batch script: it holds the allocation while the pod runs.
+# SIGTERM is ignored so that on cancel or preemption the allocation lasts until
+# Slurm's SIGKILL after KillWait, which is the pod's window to stop. SIGUSR1
+# (sent by the scheduler once the pod is gone) ends it at once; `wait` lets
+# the trap run without waiting for sleep to return.
+PLACEHOLDER_SCRIPT = (
+    "#!/bin/sh\ntrap '' TERM\ntrap 'exit 0' USR1\nwhile :; do sleep 3600 & wait $!; done\n"
+)
+
+
+class InvalidPod(ValueError):
+    """The pod asks for something the scheduler cannot express or must refuse."""
+
+
+@dataclass(frozen=True)
+class Gang:
+    name: str  # unique within the namespace
+    size: int
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: int
+    memory_mib: int | None
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the scheduler's configuration adds to every job."""
+
+    partition: str | None = None
+    constraint: str | None = None
+    gpu_types: Mapping[str, str] = field(default_factory=dict)  # GPU product → GRES type
+    kill_wait: int = 30  # Slurm's KillWait, seconds
+    grace_margin: int = 1  # a pod's grace period must be at most KillWait minus this
+
+
+def job_key(namespace: str, pod_uid: str, gang: Gang | None) -> str:
+    """What the job's comment carries: which pod (or gang) it is for."""
+    return f"{namespace}/gang:{gang.name}" if gang is not None else f"{namespace}/{pod_uid}"
+
+
+def key_of_comment(comment: str) -> str | None:
+    """The key a sunk job's comment carries, None for other jobs."""
+    head = comment.split(" ", 1)[0]
+    return head.removeprefix(TAG) if head.startswith(TAG) and len(head) > len(TAG) else None
+
+
+def namespace_of_key(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+def _meta(pod: Pod) -> tuple[dict[str, str], dict[str, str]]:
+    meta = pod.metadata
+    return (
+        dict((meta.labels if meta else None) or {}),
+        dict((meta.annotations if meta else None) or {}),
+    )
+
+
+def gang_of(pod: Pod) -> Gang | None:
+    """The pod's gang: sunk's label/annotation, else a JobSet or LeaderWorkerSet group."""
+    labels, annotations = _meta(pod)
+    both = {**annotations, **labels}
+    if name := both.get(GANG_NAME):
+        return Gang(name, _positive(both.get(GANG_SIZE), GANG_SIZE))
+    if (jobset := labels.get(JOBSET_NAME)) and (job := labels.get(JOBSET_REPLICATED_JOB)):
+        size = both.get(JOBSET_PARALLELISM) or both.get(JOBSET_REPLICAS)
+        if size is not None:
+            return Gang(f"jobset-{jobset}-{job}", _positive(size, JOBSET_PARALLELISM))
+    if (lws := labels.get(LWS_NAME)) and (size := both.get(LWS_SIZE)):
+        return Gang(f"lws-{lws}-{labels.get(LWS_GROUP_INDEX, '0')}", _positive(size, LWS_SIZE))
+    return None
+
+
+def _positive(value: str | None, what: str) -> int:
+    try:
+        number = int(value or "")
+    except ValueError:
+        raise InvalidPod(f"{what} must be a positive integer, not {value!r}") from None
+    if number < 1:
+        raise InvalidPod(f"{what} must be a positive integer, not {value!r}")
+    return number
+
+
+def _container_requests(container: Container) -> Mapping[str, str]:
+    resources = container.resources
+    if resources is None:
+        return {}
+    # Kubernetes defaults a missing request to the limit; extended resources live in limits.
+    return {**(resources.limits or {}), **(resources.requests or {})}
+
+
+def _sum(containers: Sequence[Container], name: str) -> float:
+    total = 0.0
+    for container in containers:
+        value = _container_requests(container).get(name)
+        if value is not None:
+            total += float(parse_quantity(value) or 0)
+    return total
+
+
+def resources_of(pod: Pod) -> Resources:
+    """The pod's requests, as Kubernetes counts them: the sum over containers, or the
+    largest init container if that is more; CPUs rounded up to whole ones (at least 1)."""
+    spec = pod.spec
+    containers = list(spec.containers) if spec else []
+    inits = list((spec.initContainers if spec else None) or [])
+
+    def need(name: str) -> float:
+        regular = _sum(containers, name)
+        # Sidecars (restartPolicy Always) run alongside; plain init containers before.
+        sidecars = _sum([c for c in inits if c.restartPolicy == "Always"], name)
+        largest_init = max(
+            (_sum([c], name) for c in inits if c.restartPolicy != "Always"), default=0
+        )
+        return max(regular + sidecars, largest_init + sidecars)
+
+    memory = need("memory")
+    return Resources(
+        cpus=max(1, math.ceil(need("cpu") - 1e-9)),
+        memory_mib=math.ceil(memory / (1024 * 1024)) if memory > 0 else None,
+        gpus=math.ceil(need(GPU_RESOURCE)),
+    )
+
+
+def time_limit_minutes(value: str) -> int:
+    """Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    match = _TIME.match(value.strip())
+    if match is None:
+        raise InvalidPod(f"{ANNOTATION_TIME_LIMIT}: invalid time limit {value!r}")
+    days, first, second, third = match.groups()
+    parts = [int(x) for x in (first, second, third) if x is not None]
+    if days is not None:
+        hours, minutes, seconds = ([*parts, 0, 0])[:3]
+        total = int(days) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    elif len(parts) == 1:
+        total = parts[0]
+    elif len(parts) == 2:
+        total = parts[0] + (1 if parts[1] else 0)
+    else:
+        total = parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
+    if total < 1:
+        raise InvalidPod(f"{ANNOTATION_TIME_LIMIT}: time limit {value!r} is under a minute")
+    return total
+
+
+def _int_annotation(annotations: Mapping[str, str], name: str) -> int | None:
+    value = annotations.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidPod(f"{name}: {value!r} is not a numeric id") from None
+
+
+def grace_seconds(pod: Pod) -> int:
+    grace = pod.spec.terminationGracePeriodSeconds if pod.spec else None
+    return 30 if grace is None else grace
+
+
+def gres_type(pod: Pod, options: Options) -> str | None:
+    """The GRES type for the pod's GPUs: an annotation, else its GPU product selector
+    mapped through the table; None asks for any GPU."""
+    _, annotations = _meta(pod)
+    if kind := annotations.get(ANNOTATION_GPU_TYPE):
+        return kind
+    selector = (pod.spec.nodeSelector if pod.spec else None) or {}
+    product = selector.get(GPU_PRODUCT_LABEL)
+    if product is None:
+        return None
+    if product not in options.gpu_types:
+        raise InvalidPod(f"no GRES type is configured for GPU product {product!r}")
+    return options.gpu_types[product]
+
+
+def job_spec(pods: Sequence[Pod], options: Options, gang: Gang | None = None) -> JobSpec:
+    """The placeholder job for one pod, or for all the pods of a gang (one node each).
+
+    Slurm options come from the first pod's annotations; each node gets the
+    largest request of any member."""
+    first = pods[0]
+    assert first.metadata is not None
+    namespace = first.metadata.namespace or "default"
+    _, annotations = _meta(first)
+    for pod in pods:
+        if (grace := grace_seconds(pod)) > options.kill_wait - options.grace_margin:
+            raise InvalidPod(
+                f"terminationGracePeriodSeconds {grace} does not fit Slurm's KillWait "
+                f"({options.kill_wait}s, minus {options.grace_margin}s to delete the pod): "
+                "Slurm would hand the node to the next job while the pod still stops"
+            )
+    needs = [resources_of(pod) for pod in pods]
+    cpus = max(n.cpus for n in needs)
+    memory = max((n.memory_mib or 0 for n in needs), default=0) or None
+    gpus = max(n.gpus for n in needs)
+    gres = None
+    if gpus:
+        kind = gres_type(first, options)
+        gres = f"gres/gpu:{kind}:{gpus}" if kind else f"gres/gpu:{gpus}"
+    sharing = None
+    if (mode := annotations.get(ANNOTATION_EXCLUSIVE)) is not None:
+        if mode.lower() not in SHARING:
+            raise InvalidPod(
+                f"{ANNOTATION_EXCLUSIVE}: {mode!r} is not one of {', '.join(sorted(SHARING))}"
+            )
+        sharing = SHARING[mode.lower()]
+    time_limit = annotations.get(ANNOTATION_TIME_LIMIT)
+    key = job_key(namespace, first.metadata.uid or "", gang)
+    comment = TAG + key
+    if user_comment := annotations.get(ANNOTATION_COMMENT):
+        comment += " " + user_comment
+    count = len(pods)
+    name = f"{namespace}/{gang.name if gang else first.metadata.name}"
+    return JobSpec(
+        script=PLACEHOLDER_SCRIPT,
+        name=name,
+        partition=annotations.get(ANNOTATION_PARTITION) or options.partition,
+        constraints=options.constraint,
+        nodes=str(count),
+        tasks=count,
+        cpus_per_task=cpus,
+        memory_per_node_mb=memory,
+        tres_per_node=gres,
+        time_limit_minutes=time_limit_minutes(time_limit) if time_limit else None,
+        account=annotations.get(ANNOTATION_ACCOUNT),
+        qos=annotations.get(ANNOTATION_QOS),
+        reservation=annotations.get(ANNOTATION_RESERVATION),
+        comment=comment,
+        sharing=sharing,
+        requeue=False,
+        user_id=_int_annotation(annotations, ANNOTATION_USER_ID),
+        group_id=_int_annotation(annotations, ANNOTATION_GROUP_ID),
+        standard_output="/dev/null",
+    )

@@ -1,0 +1,84 @@
+"""`sunk scheduler`: the scheduler, leader-elected, placing pods through one Slurm cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sunk.kube.client import kube_client
+from sunk.kube.leader import LeaderElector
+from sunk.scheduler.controller import Scheduler
+from sunk.scheduler.request import SCHEDULER_NAME, Options
+from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.view import SlurmView
+
+# Full job listings grow with the queue (seconds at thousands of jobs on a
+# loaded slurmrestd): a slow read is not an outage.
+VIEW_STALE_AFTER = 15.0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    slurmrestd_url: str
+    jwt_key_file: Path
+    slurm_user: str = "slurm"  # submitting as another user (user-id annotation) needs an admin
+    kubeconfig: Path | None = None
+    scheduler_name: str = SCHEDULER_NAME
+    namespace: str | None = None  # pods of one namespace; None: every namespace
+    slurmd_namespace: str | None = None  # where NodeSet pods live; None: every namespace
+    partition: str | None = None
+    constraint: str | None = None
+    gpu_types: Mapping[str, str] = field(default_factory=dict)
+    kill_wait: int = 30
+    grace_margin: int = 1
+    poll_interval: float = 0.25
+    lease_namespace: str = "default"
+    identity: str = ""
+
+
+async def run_scheduler(config: SchedulerConfig) -> None:
+    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+    kube = kube_client(config.kubeconfig, config.scheduler_name)
+    credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
+    options = Options(
+        partition=config.partition,
+        constraint=config.constraint,
+        gpu_types=dict(config.gpu_types),
+        kill_wait=config.kill_wait,
+        grace_margin=config.grace_margin,
+    )
+    async with (
+        SlurmClient(config.slurmrestd_url, credentials) as slurm,
+        SlurmView(
+            slurm,
+            interval=config.poll_interval,
+            stale_after=VIEW_STALE_AFTER,
+            watch_nodes=False,  # Slurm nodes come from the NodeSet pods
+        ) as view,
+    ):
+
+        async def lead() -> None:
+            scheduler = Scheduler(
+                kube,
+                slurm,
+                view,
+                options=options,
+                scheduler_name=config.scheduler_name,
+                namespace=config.namespace,
+                slurmd_namespace=config.slurmd_namespace,
+            )
+            await scheduler.run()
+
+        elector = LeaderElector(
+            kube, namespace=config.lease_namespace, name=config.scheduler_name, identity=identity
+        )
+        await elector.run(lead)
+
+
+def main(config: SchedulerConfig) -> None:
+    asyncio.run(run_scheduler(config))

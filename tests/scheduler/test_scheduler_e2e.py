@@ -1,0 +1,599 @@
+"""The scheduler end to end: real nodes running real slurmd pods, a real Slurm, the real apiserver.
+
+One module bed: a local node runtime with three nodes (4 CPUs, 2 GPUs each),
+its own Slurm with a NodeSet-style node set `k8s` (slurmd pods register as
+dynamic nodes with 2 CPUs and `Gres=gpu:2`), partitions `k8s` (the
+scheduler's default), `low` and `high` over the same nodes with partition
+priority preemption, and the scheduler in-process with a real `SlurmClient`
+and `SlurmView`, started and killed like a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Event, Pod
+
+from plugins.local import LocalBed, local_bed, wait_for
+from sunk.api import LABEL_NODESET
+from sunk.local import slurmpods
+from sunk.local.node import NodeConfig
+from sunk.local.port import build
+from sunk.scheduler.controller import Scheduler
+from sunk.scheduler.request import (
+    ANNOTATION_EXCLUSIVE,
+    ANNOTATION_JOB_ID,
+    ANNOTATION_PARTITION,
+    ANNOTATION_TIME_LIMIT,
+    GANG_NAME,
+    GANG_SIZE,
+    SCHEDULER_NAME,
+    Options,
+)
+from sunk.scheduler.run import VIEW_STALE_AFTER
+from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.view import SlurmView
+from sunk.testbed.kube import KubeAccess, KubeControlPlane
+
+pytestmark = pytest.mark.testbed
+
+KILL_WAIT = 10
+SLURM_CONF = [
+    "GresTypes=gpu",
+    f"KillWait={KILL_WAIT}",
+    "PreemptType=preempt/partition_prio",
+    "PreemptMode=REQUEUE",
+    "NodeSet=k8s Feature=k8s",
+    "PartitionName=k8s Nodes=k8s MaxTime=INFINITE State=UP PriorityTier=5",
+    "PartitionName=low Nodes=k8s MaxTime=INFINITE State=UP PriorityTier=1",
+    "PartitionName=high Nodes=k8s MaxTime=INFINITE State=UP PriorityTier=10",
+]
+
+
+@dataclass
+class SchedBed:
+    bed: LocalBed
+    slurmd: dict[str, str]  # Slurm node → Kubernetes node
+    url: str
+    key: Any
+
+    def slurm(self, *argv: str, check: bool = True) -> str:
+        return self.bed.cluster.run(list(argv), check=check, timeout=30).stdout
+
+    async def aslurm(self, *argv: str, check: bool = True) -> str:
+        return await asyncio.to_thread(self.slurm, *argv, check=check)
+
+    async def job_fields(self, job_id: str) -> dict[str, str]:
+        out = await self.aslurm("scontrol", "-o", "show", "job", job_id, check=False)
+        return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+    async def our_jobs(self) -> list[dict[str, str]]:
+        """Pending or running sunk jobs: id, state, nodes, comment, name."""
+        out = await self.aslurm("squeue", "-h", "-o", "%i|%T|%N|%k|%j")
+        jobs = []
+        for line in out.splitlines():
+            job_id, state, nodes, comment, name = line.split("|", 4)
+            if comment.startswith("sunk:") and state in ("PENDING", "RUNNING"):
+                jobs.append(
+                    {"id": job_id, "state": state, "nodes": nodes, "comment": comment, "name": name}
+                )
+        return jobs
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def sched_bed(
+    kube_control_plane: KubeControlPlane | None, kube_access: KubeAccess, kube: AsyncClient
+) -> AsyncIterator[SchedBed]:
+    if kube_control_plane is None:
+        pytest.skip("the local runtime needs the bed's own CA")
+
+    def nodes(tag: str) -> list[NodeConfig]:
+        return [NodeConfig(f"sc{tag}-{i}", cpu="4", memory="4Gi", gpus=2) for i in (1, 2, 3)]
+
+    async with local_bed(
+        kube_control_plane,
+        kube_access,
+        kube,
+        nodes,
+        prefix="t-sched",
+        extra_conf=SLURM_CONF,
+        # Slurm ignores file-less GPUs: two existing character devices stand in.
+        etc_files={"gres.conf": "Name=gpu File=/dev/null,/dev/zero\n"},
+    ) as bed:
+        access = bed.cluster.access()
+        ns, port = bed.namespace, await bed.serve_slurm_to_pods()
+        slurmd = {}
+        for node in bed.nodes:
+            name = f"slurmd-{node}"
+            body = slurmpods.slurmd_pod(name, ns, port, node=node, cpus=2, feature="k8s")
+            command = body["spec"]["containers"][0]["command"]
+            command[-1] += " Gres=gpu:2"
+            body["metadata"]["labels"][LABEL_NODESET] = "k8s"
+            await kube.create(build(Pod, body))
+            slurmd[name] = node
+
+        def idle() -> bool:
+            out = bed.cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
+            states = dict(line.split()[:2] for line in out.splitlines() if line.strip())
+            return all(states.get(p) == "idle" for p in slurmd)
+
+        await wait_for("slurmd pods idle in Slurm", lambda: asyncio.to_thread(idle), timeout=60)
+        yield SchedBed(bed, slurmd, access.restd_url, access.jwt_key)
+
+
+class SchedulerProcess:
+    """The scheduler with its own Slurm client and view; killed like a process."""
+
+    def __init__(self, kube: AsyncClient, sb: SchedBed) -> None:
+        self.kube, self.sb = kube, sb
+        self.task: asyncio.Task[None] | None = None
+        self.scheduler: Scheduler | None = None
+        self.submits = 0
+
+    async def _run(self) -> None:
+        credentials = JwtMinter(FileKey(self.sb.key), "root")
+        async with (
+            SlurmClient(self.sb.url, credentials) as client,
+            SlurmView(
+                client, interval=0.25, stale_after=VIEW_STALE_AFTER, watch_nodes=False
+            ) as view,
+        ):
+            self.scheduler = Scheduler(
+                self.kube,
+                client,
+                view,
+                options=Options(partition="k8s", kill_wait=KILL_WAIT),
+                namespace=self.sb.bed.namespace,
+                slurmd_namespace=self.sb.bed.namespace,
+            )
+            try:
+                await self.scheduler.run()
+            finally:
+                self.submits += self.scheduler.submits
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run())
+
+    async def kill(self) -> None:
+        if self.task is None:
+            return
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        self.task = None
+
+
+@contextlib.asynccontextmanager
+async def scheduling(kube: AsyncClient, sb: SchedBed) -> AsyncIterator[SchedulerProcess]:
+    process = SchedulerProcess(kube, sb)
+    process.start()
+    try:
+        yield process
+    finally:
+        await process.kill()
+
+
+def pod_body(
+    sb: SchedBed,
+    name: str,
+    *,
+    cpu: str = "1",
+    gpus: int = 0,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    grace: int = 2,
+) -> Pod:
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": "64Mi"}}
+    if gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
+    return build(
+        Pod,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": sb.bed.namespace,
+                "annotations": annotations or {},
+                "labels": labels or {},
+            },
+            "spec": {
+                "schedulerName": SCHEDULER_NAME,
+                "terminationGracePeriodSeconds": grace,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "slurm",
+                        "command": ["sleep", "3600"],
+                        "resources": resources,
+                    }
+                ],
+            },
+        },
+    )
+
+
+async def get_pod(kube: AsyncClient, sb: SchedBed, name: str) -> Pod | None:
+    try:
+        return await kube.get(Pod, name, namespace=sb.bed.namespace)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+
+
+async def bound_node(kube: AsyncClient, sb: SchedBed, name: str) -> str:
+    pod = await get_pod(kube, sb, name)
+    return (pod.spec.nodeName if pod and pod.spec else None) or ""
+
+
+def scheduled_condition(pod: Pod | None) -> tuple[str, str]:
+    for c in (pod.status.conditions if pod and pod.status else None) or []:
+        if c.type == "PodScheduled":
+            return c.status, c.message or ""
+    return "", ""
+
+
+async def delete_and_wait(kube: AsyncClient, sb: SchedBed, *names: str) -> None:
+    for name in names:
+        with contextlib.suppress(ApiError):
+            await kube.delete(Pod, name, namespace=sb.bed.namespace, grace_period=0)
+
+    async def gone() -> bool:
+        return all([await get_pod(kube, sb, n) is None for n in names])
+
+    await wait_for(f"pods {names} to be gone", gone, timeout=30)
+
+
+async def no_live_jobs(sb: SchedBed) -> bool:
+    return not await sb.our_jobs()
+
+
+async def test_a_gpu_pod_lands_where_slurm_has_two_free_gpus(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    sb = sched_bed
+    names = sorted(sb.slurmd)
+    # Batch jobs hold one GPU on each of the first two nodes: only the third has two free.
+    batch = [
+        (
+            await sb.aslurm(
+                "sbatch", "--parsable", "-p", "k8s", "-w", n, "--gres=gpu:1", "--wrap", "sleep 600"
+            )
+        ).strip()
+        for n in names[:2]
+    ]
+    try:
+        async with scheduling(kube, sb):
+            await kube.create(pod_body(sb, "gpu2", gpus=2))
+            node = await wait_for_bound(kube, sb, "gpu2")
+            assert node == sb.slurmd[names[2]]
+            pod = await get_pod(kube, sb, "gpu2")
+            job_id = job_of(pod)
+            fields = await sb.job_fields(job_id)
+            assert fields["JobState"] == "RUNNING"
+            assert fields["NodeList"] == names[2]
+            assert "gpu:2" in fields.get("TresPerNode", "")
+
+            async def pod_running() -> bool:
+                got = await get_pod(kube, sb, "gpu2")
+                return bool(got and got.status and got.status.phase == "Running")
+
+            await wait_for("the pod to run on its node", pod_running, timeout=30)
+            await delete_and_wait(kube, sb, "gpu2")
+            # Pod deletion ends the job.
+            await wait_for("the job to end", lambda: job_ended(sb, job_id), timeout=20)
+    finally:
+        await sb.aslurm("scancel", *batch)
+
+
+async def wait_for_bound(kube: AsyncClient, sb: SchedBed, name: str, timeout: float = 30) -> str:
+    async def bound() -> bool:
+        return bool(await bound_node(kube, sb, name))
+
+    await wait_for(f"{name} to be bound", bound, timeout=timeout)
+    return await bound_node(kube, sb, name)
+
+
+async def job_ended(sb: SchedBed, job_id: str) -> bool:
+    state = (await sb.job_fields(job_id)).get("JobState", "")
+    return state in ("", "CANCELLED", "COMPLETED", "FAILED", "PREEMPTED", "TIMEOUT")
+
+
+def job_of(pod: Pod | None) -> str:
+    assert pod is not None
+    assert pod.metadata is not None
+    return (pod.metadata.annotations or {}).get(ANNOTATION_JOB_ID, "")
+
+
+async def fill_pool(sb: SchedBed, partition: str = "k8s") -> list[str]:
+    """One exclusive batch job on every node."""
+    return [
+        (
+            await sb.aslurm(
+                "sbatch",
+                "--parsable",
+                "-p",
+                partition,
+                "-w",
+                n,
+                "--exclusive",
+                "--wrap",
+                "sleep 600",
+            )
+        ).strip()
+        for n in sorted(sb.slurmd)
+    ]
+
+
+async def running(sb: SchedBed, job_id: str) -> bool:
+    return (await sb.job_fields(job_id)).get("JobState") == "RUNNING"
+
+
+async def events_for(kube: AsyncClient, sb: SchedBed, name: str) -> list[Event]:
+    return [
+        e
+        async for e in kube.list(Event, namespace=sb.bed.namespace)
+        if e.involvedObject.name == name
+    ]
+
+
+async def test_a_pod_waits_with_slurms_reason_and_binds_when_a_job_ends(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    sb = sched_bed
+    batch = await fill_pool(sb)
+    try:
+        await wait_for("the batch jobs to run", lambda: running(sb, batch[-1]))
+        async with scheduling(kube, sb):
+            await kube.create(pod_body(sb, "waiter"))
+
+            async def says_why() -> bool:
+                status, message = scheduled_condition(await get_pod(kube, sb, "waiter"))
+                return status == "False" and ("Resources" in message or "Priority" in message)
+
+            await wait_for("PodScheduled=False with Slurm's reason", says_why)
+            assert await bound_node(kube, sb, "waiter") == ""
+            ended = sorted(sb.slurmd)[1]
+            await sb.aslurm("scancel", batch[1])
+            started = asyncio.get_running_loop().time()
+            node = await wait_for_bound(kube, sb, "waiter")
+            print(
+                f"batch job ended → pod bound in {asyncio.get_running_loop().time() - started:.2f}s"
+            )
+            assert node == sb.slurmd[ended]
+            job_id = job_of(await get_pod(kube, sb, "waiter"))
+            assert (await sb.job_fields(job_id)).get("NodeList") == ended
+            await delete_and_wait(kube, sb, "waiter")
+            await wait_for("the job to end", lambda: job_ended(sb, job_id))
+    finally:
+        await sb.aslurm("scancel", *batch)
+
+
+async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) -> None:
+    sb = sched_bed
+    async with scheduling(kube, sb):
+        await kube.create(pod_body(sb, "victim"))
+        await wait_for_bound(kube, sb, "victim")
+        job_id = job_of(await get_pod(kube, sb, "victim"))
+        await sb.aslurm("scancel", job_id)
+        started = asyncio.get_running_loop().time()
+
+        async def evicted() -> bool:
+            pod = await get_pod(kube, sb, "victim")
+            return pod is None or bool(pod.metadata and pod.metadata.deletionTimestamp)
+
+        await wait_for("the pod to be evicted", evicted, timeout=10)
+        print(f"scancel → pod deleted in {asyncio.get_running_loop().time() - started:.2f}s")
+        assert any(e.reason == "Evicted" for e in await events_for(kube, sb, "victim"))
+        await delete_and_wait(kube, sb, "victim")
+
+
+async def test_invalid_annotations_give_an_event_and_no_binding(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    sb = sched_bed
+    cases = {
+        "bad-partition": (
+            pod_body(sb, "bad-partition", annotations={ANNOTATION_PARTITION: "nope"}),
+            "Invalid partition",
+        ),
+        "bad-time": (
+            pod_body(sb, "bad-time", annotations={ANNOTATION_TIME_LIMIT: "soon"}),
+            "invalid time limit",
+        ),
+        "bad-grace": (pod_body(sb, "bad-grace", grace=60), "KillWait"),
+    }
+    async with scheduling(kube, sb):
+        for pod, _ in cases.values():
+            await kube.create(pod)
+
+        async def reported() -> bool:
+            for name, (_, text) in cases.items():
+                notes = [
+                    e.message or ""
+                    for e in await events_for(kube, sb, name)
+                    if e.reason == "FailedScheduling"
+                ]
+                if not any(text in note for note in notes):
+                    return False
+            return True
+
+        await wait_for("an Event with the reason for every pod", reported)
+        await asyncio.sleep(2)
+        for name in cases:
+            pod = await get_pod(kube, sb, name)
+            assert await bound_node(kube, sb, name) == ""
+            assert scheduled_condition(pod)[0] == "False"
+            assert job_of(pod) == ""
+        assert not await sb.our_jobs()
+        await delete_and_wait(kube, sb, *cases)
+
+
+async def test_a_gang_of_three_binds_all_or_nothing(kube: AsyncClient, sched_bed: SchedBed) -> None:
+    sb = sched_bed
+    labels = {GANG_NAME: "trio", GANG_SIZE: "3"}
+    blocker = (
+        await sb.aslurm("sbatch", "--parsable", "-p", "k8s", "--exclusive", "--wrap", "sleep 600")
+    ).strip()
+    try:
+        await wait_for("the blocking job to run", lambda: running(sb, blocker))
+        async with scheduling(kube, sb):
+            for i in (0, 1):
+                await kube.create(pod_body(sb, f"trio-{i}", labels=labels))
+
+            async def waiting_for_gang() -> bool:
+                status, message = scheduled_condition(await get_pod(kube, sb, "trio-0"))
+                return status == "False" and "2 of 3" in message
+
+            await wait_for("the two pods to wait for their gang", waiting_for_gang)
+            assert not await sb.our_jobs()
+            await kube.create(pod_body(sb, "trio-2", labels=labels))
+
+            async def one_pending_job() -> bool:
+                jobs = await sb.our_jobs()
+                return len(jobs) == 1 and jobs[0]["state"] == "PENDING"
+
+            await wait_for("one pending Slurm job for the gang", one_pending_job)
+            first = (await sb.our_jobs())[0]["id"]
+            # A member leaves before the allocation: the job goes, the others wait again.
+            await delete_and_wait(kube, sb, "trio-2")
+            await wait_for("the gang's job to be cancelled", lambda: no_live_jobs(sb))
+            await wait_for("the two pods to wait for their gang again", waiting_for_gang)
+            await kube.create(pod_body(sb, "trio-2", labels=labels))
+            await wait_for("a new pending Slurm job for the gang", one_pending_job)
+            assert (await sb.our_jobs())[0]["id"] != first
+            await asyncio.sleep(1.5)
+            names = [f"trio-{i}" for i in range(3)]
+            assert [await bound_node(kube, sb, n) for n in names] == ["", "", ""]
+            await sb.aslurm("scancel", blocker)
+
+            async def all_bound() -> bool:
+                return all([await bound_node(kube, sb, n) for n in names])
+
+            await wait_for("all three to bind", all_bound)
+            nodes = {await bound_node(kube, sb, n) for n in names}
+            assert nodes == set(sb.slurmd.values())
+            jobs = await sb.our_jobs()
+            assert len(jobs) == 1
+            assert jobs[0]["state"] == "RUNNING"
+            assert {job_of(await get_pod(kube, sb, n)) for n in names} == {jobs[0]["id"]}
+            await delete_and_wait(kube, sb, *names)
+            await wait_for("the gang's job to end", lambda: no_live_jobs(sb))
+    finally:
+        await sb.aslurm("scancel", blocker)
+
+
+async def test_a_high_priority_pod_preempts_a_batch_job(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    sb = sched_bed
+    batch = await fill_pool(sb, partition="low")
+    try:
+        await wait_for("the batch jobs to run", lambda: running(sb, batch[-1]))
+        async with scheduling(kube, sb):
+            await kube.create(pod_body(sb, "vip", annotations={ANNOTATION_PARTITION: "high"}))
+            node = await wait_for_bound(kube, sb, "vip", timeout=60)
+            slurm_node = next(s for s, k in sb.slurmd.items() if k == node)
+            victim = batch[sorted(sb.slurmd).index(slurm_node)]
+            fields = await sb.job_fields(victim)
+            assert fields.get("JobState") in ("PENDING", "REQUEUED", "PREEMPTED"), fields
+            await delete_and_wait(kube, sb, "vip")
+    finally:
+        await sb.aslurm("scancel", *batch)
+
+
+async def test_a_high_priority_batch_job_preempts_a_pod(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    sb = sched_bed
+    async with scheduling(kube, sb):
+        annotations = {ANNOTATION_PARTITION: "low", ANNOTATION_EXCLUSIVE: "none"}
+        await kube.create(pod_body(sb, "humble", annotations=annotations))
+        node = await wait_for_bound(kube, sb, "humble")
+        slurm_node = next(s for s, k in sb.slurmd.items() if k == node)
+        job_id = job_of(await get_pod(kube, sb, "humble"))
+        vip = (
+            await sb.aslurm(
+                "sbatch",
+                "--parsable",
+                "-p",
+                "high",
+                "-w",
+                slurm_node,
+                "--exclusive",
+                "--wrap",
+                "sleep 600",
+            )
+        ).strip()
+        try:
+            started = asyncio.get_running_loop().time()
+
+            async def evicted() -> bool:
+                pod = await get_pod(kube, sb, "humble")
+                return pod is None or bool(pod.metadata and pod.metadata.deletionTimestamp)
+
+            await wait_for("the pod to be evicted", evicted, timeout=KILL_WAIT)
+            print(f"preemption → pod deleted in {asyncio.get_running_loop().time() - started:.2f}s")
+            await wait_for("the batch job to run", lambda: running(sb, vip), timeout=30)
+            assert (await sb.job_fields(job_id)).get("JobState") != "RUNNING"
+            await delete_and_wait(kube, sb, "humble")
+        finally:
+            await sb.aslurm("scancel", vip)
+
+
+async def test_a_scheduler_killed_between_submit_and_bind_never_double_submits(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    sb = sched_bed
+    rng = random.Random(8)  # noqa: S311 - kill points, not secrets
+    names = [f"crash-{i}" for i in range(6)]
+    process = SchedulerProcess(kube, sb)
+    try:
+        for name in names:
+            process.start()
+            await kube.create(pod_body(sb, name))
+            await asyncio.sleep(rng.uniform(0.0, 0.6))  # somewhere before, during or after submit
+            await process.kill()
+            process.start()
+            await wait_for_bound(kube, sb, name)
+            await process.kill()
+        jobs = await sb.our_jobs()
+        pods = {name: await get_pod(kube, sb, name) for name in names}
+        uids = {p.metadata.uid for p in pods.values() if p and p.metadata}
+        assert len(jobs) == len(names), jobs  # one job per pod, no more
+        assert {j["comment"].split("/", 1)[1] for j in jobs} == uids
+        assert {j["id"] for j in jobs} == {job_of(p) for p in pods.values()}
+        print(
+            f"{process.submits} submits for {len(names)} pods over {2 * len(names)} scheduler runs"
+        )
+        assert process.submits == len(names)
+        process.start()
+        await delete_and_wait(kube, sb, *names)
+        await wait_for("every job to end", lambda: no_live_jobs(sb))
+    finally:
+        await process.kill()
+
+
+async def test_an_orphan_job_is_cancelled(kube: AsyncClient, sched_bed: SchedBed) -> None:
+    sb = sched_bed
+    comment = f"sunk:{sb.bed.namespace}/00000000-0000-0000-0000-000000000000"
+    orphan = (
+        await sb.aslurm(
+            "sbatch", "--parsable", "-p", "k8s", f"--comment={comment}", "--wrap", "sleep 600"
+        )
+    ).strip()
+    try:
+        async with scheduling(kube, sb):
+            await wait_for("the orphan to be cancelled", lambda: job_ended(sb, orphan), timeout=30)
+    finally:
+        await sb.aslurm("scancel", orphan)
