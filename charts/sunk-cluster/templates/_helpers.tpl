@@ -66,7 +66,8 @@ spec:
             - --jwt-key=/var/run/sunk/jwt/jwt_hs256.key
             - --slurm-user={{ .root.Values.slurm.user }}
             {{- with .root.Values.slurm.namespace }}
-            - --namespace={{ . }}
+            {{- /* the scheduler's --namespace limits the pods it places; the Slurm one is where slurmd pods live */}}
+            - {{ ternary "--slurmd-namespace" "--namespace" (eq $.component "scheduler") }}={{ . }}
             {{- end }}
             {{- if .c.verbose }}
             - --verbose
