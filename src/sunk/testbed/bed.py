@@ -3,7 +3,7 @@
 `sunk local up` goes through `Bed`: it builds or reuses the caches, starts the
 control plane, runs the local node runtime (`sunk local nodes`) as a daemon,
 installs the sunk-cluster and slurm charts with the real helm, starts sunk's
-operator and syncer on the host (as the chart's ServiceAccounts; the root
+operator, syncer and scheduler on the host (as the chart's ServiceAccounts; the root
 filesystem has no Python), and waits until a user on the login pod sees every
 compute node idle in `sinfo`. Every daemon is recorded by the Supervisor, so
 `down` stops exactly what `up` started.
@@ -42,7 +42,7 @@ USER_UID = 2000
 NODE_PREFIX = "local-"
 # The host processes `up` starts besides the control plane, in start order.
 NODES_DAEMON = "local-nodes"
-COMPONENTS = ("operator", "syncer")
+COMPONENTS = ("operator", "syncer", "scheduler")
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class Bed:
         return BedAccess(kube, login, key, USER_NAME, nodes)
 
     async def _start_components(self, client: AsyncClient, kube: KubeAccess, restd: str) -> None:
-        """sunk operator and syncer on the host, each as its chart ServiceAccount."""
+        """sunk operator, syncer and scheduler on the host, each as its chart ServiceAccount."""
         jwt = await charts.secret_file(
             client, NAMESPACE, f"{RELEASE}-jwt", "jwt_hs256.key", self.files / "jwt_hs256.key"
         )
@@ -218,7 +218,8 @@ class Bed:
                 str(jwt),
                 "--kubeconfig",
                 str(kubeconfig),
-                "--namespace",
+                # The scheduler places pods of every namespace; the Slurm one holds slurmd pods.
+                "--slurmd-namespace" if name == "scheduler" else "--namespace",
                 NAMESPACE,
                 "--lease-namespace",
                 NAMESPACE,

@@ -113,6 +113,7 @@ def cluster_values(release: str) -> dict[str, Any]:
         },
         "operator": {"replicas": 0},
         "syncer": {"replicas": 0},
+        "scheduler": {"replicas": 0},
     }
 
 
