@@ -43,6 +43,9 @@ NODE_PREFIX = "local-"
 # The host processes `up` starts besides the control plane, in start order.
 NODES_DAEMON = "local-nodes"
 COMPONENTS = ("operator", "syncer", "scheduler")
+# slurm.conf KillWait, told to the scheduler: a pod's default 30 s grace period
+# fits (the scheduler refuses pods whose grace exceeds KillWait minus 1 s).
+KILL_WAIT = 32
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,9 @@ class Bed:
             charts.cluster_values(RELEASE),
             values_file=self.files / "sunk-values.yaml",
         )
-        values = charts.slurm_values(users=[user], home=self.files / "home")
+        values = charts.slurm_values(
+            users=[user], home=self.files / "home", slurm_config={"KillWait": KILL_WAIT}
+        )
         await asyncio.to_thread(
             helm.upgrade_install,
             RELEASE,
@@ -226,6 +231,8 @@ class Bed:
             ]
             if name == "syncer":
                 argv += ["--metrics-port", "0"]
+            if name == "scheduler":
+                argv += ["--kill-wait", str(KILL_WAIT)]
             # A new slurmrestd address (or token) after a re-run: restart.
             self.supervisor.stop(name)
             self.supervisor.spawn(name, argv)
