@@ -77,7 +77,9 @@ async def _retrying(read: Callable[[], Awaitable[T]], stats: ViewStats) -> T:
             return await read()
         except SlurmError as exc:
             attempt += 1
-            if attempt >= _READ_ATTEMPTS or not _slurmctld_busy(exc):
+            # Transient errors the client has already retried on its own.
+            retried = isinstance(exc, SlurmApiError) and exc.transient
+            if attempt >= _READ_ATTEMPTS or not _slurmctld_busy(exc) or retried:
                 raise
             stats.retries += 1
             log.info("Slurm read failed (%s); trying again", exc)
