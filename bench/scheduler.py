@@ -40,6 +40,7 @@ import httpx2
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
+from local_runtime import proc_stats
 from sunk.api import LABEL_NODESET
 from sunk.local.port import build
 from sunk.scheduler.request import SCHEDULER_NAME
@@ -247,7 +248,8 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
             "2",
             "--poll-interval",
             str(interval),
-            "-v",
+            # Logs at the default level, as deployed; a trace wants every step.
+            *(["-v"] if os.environ.get("BENCH_VERBOSE") else []),
         ]
         log_path = state / "scheduler.log"
         process = spawn(argv, log_path)
@@ -257,8 +259,15 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
                 slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root")
             ) as client:
                 for count in bursts:
+                    before = proc_stats(process.pid)["cpu_s"]
                     results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)
+                    after = proc_stats(process.pid)
                     print(f"sunk, {count}: {results[('sunk', count)]}", flush=True)
+                    print(
+                        f"  sunk scheduler: {after['cpu_s'] - before:.2f} s CPU for the burst,"
+                        f" {after['rss_mib']:.0f} MiB",
+                        flush=True,
+                    )
                     listing = await client.jobs()
                     waits = sorted(
                         j.start_time - j.submit_time

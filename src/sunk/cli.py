@@ -69,6 +69,10 @@ def _component_logging(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:
+        # One line per HTTP request is a trace, not a log (and costs CPU at load).
+        for noisy in ("httpx2", "httpcore2"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _log(message: str) -> None:

@@ -54,7 +54,9 @@ SLURM_CONF = [
     "PreemptMode=REQUEUE",
     "NodeSet=k8s Feature=k8s",
     "PartitionName=k8s Nodes=k8s MaxTime=INFINITE State=UP PriorityTier=5",
-    "PartitionName=low Nodes=k8s MaxTime=INFINITE State=UP PriorityTier=1",
+    # A preempted job runs on for GraceTime: the pod's window to stop (allocations
+    # have no processes for KillWait to wait on).
+    f"PartitionName=low Nodes=k8s MaxTime=INFINITE State=UP PriorityTier=1 GraceTime={KILL_WAIT}",
     "PartitionName=high Nodes=k8s MaxTime=INFINITE State=UP PriorityTier=10",
 ]
 
@@ -545,6 +547,10 @@ async def test_a_high_priority_batch_job_preempts_a_pod(
             await wait_for("the pod to be evicted", evicted, timeout=KILL_WAIT)
             print(f"preemption → pod deleted in {asyncio.get_running_loop().time() - started:.2f}s")
             await wait_for("the batch job to run", lambda: running(sb, vip), timeout=30)
+            took = asyncio.get_running_loop().time() - started
+            print(f"preemption → batch job running in {took:.2f}s")
+            # The node was held for the pod's grace: the batch job ran only once it was gone.
+            assert await get_pod(kube, sb, "humble") is None
             assert (await sb.job_fields(job_id)).get("JobState") != "RUNNING"
             await delete_and_wait(kube, sb, "humble")
         finally:

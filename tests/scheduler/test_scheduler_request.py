@@ -8,6 +8,7 @@ import pytest
 from lightkube.resources.core_v1 import Pod
 
 from sunk.local.port import build
+from sunk.scheduler.controller import _refused_allocation, _time_to_stop
 from sunk.scheduler.request import (
     ANNOTATION_EXCLUSIVE,
     ANNOTATION_GPU_TYPE,
@@ -29,6 +30,7 @@ from sunk.scheduler.request import (
     resources_of,
     time_limit_minutes,
 )
+from sunk.slurm.models import Job
 
 
 def pod(
@@ -164,3 +166,22 @@ def test_gangs_from_sunk_labels_and_leaderworkersets() -> None:
     spec = job_spec(members, Options(), Gang("g", 3))
     assert (spec.nodes, spec.tasks, spec.cpus_per_task) == ("3", 3, 3)
     assert spec.comment == "sunk:ns/gang:g"
+
+
+def test_pods_stop_before_slurm_ends_their_allocation() -> None:
+    pods = [pod(grace=10), pod("q", grace=20)]
+    running = Job(job_id=1, job_state=("RUNNING",), end_time=1_000)
+    # No time limit: Slurm's end_time (a year out) is no deadline.
+    assert _time_to_stop(running, pods, now=500) is None
+    limited = running.model_copy(update={"time_limit": 10})
+    assert _time_to_stop(limited, pods, now=900) == 80  # the longest grace before the end
+    assert _time_to_stop(limited, pods, now=990) == 0
+    preempted = running.model_copy(update={"preempt_time": 950})
+    assert _time_to_stop(preempted, pods, now=950) == 0
+
+
+def test_a_refused_immediate_allocation_is_nobodys_job() -> None:
+    assert _refused_allocation(Job(job_id=1, job_state=("FAILED",)))
+    assert not _refused_allocation(Job(job_id=1, job_state=("FAILED",), nodes="n1"))
+    assert not _refused_allocation(Job(job_id=1, job_state=("FAILED",), batch_flag=True))
+    assert not _refused_allocation(Job(job_id=1, job_state=("PENDING",)))

@@ -271,3 +271,45 @@ async def test_a_start_cancelled_before_the_first_read_leaves_no_poll_task() -> 
     assert view.state is ViewState.CLOSED
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "slurm-view"]
     await client.aclose()
+
+
+async def test_read_share_spaces_polls_that_read_whole_lists() -> None:
+    """Each read "takes" 0.5 s by the view's clock and brings a changed list: with
+    read_share 0.1 the next poll waits 4.5 s, without it the view polls on."""
+
+    def busy_cluster(read_share: float | None) -> tuple[FakeSlurm, SlurmView]:
+        fake, clock = FakeSlurm(), Clock()
+        serve = fake.__call__
+
+        def slow_and_changing(request: httpx2.Request) -> httpx2.Response:
+            clock.now += 0.5
+            fake.last_update += 1
+            return serve(request)
+
+        client = SlurmClient(
+            "http://slurm",
+            StaticToken("root", "t"),
+            transport=httpx2.MockTransport(slow_and_changing),
+            retry=RetryPolicy(attempts=1),
+        )
+        view = SlurmView(
+            client,
+            interval=0.01,
+            watch_jobs=False,
+            stale_after=60,
+            clock=clock,
+            read_share=read_share,
+        )
+        return fake, view
+
+    for read_share in (0.1, None):
+        fake, view = busy_cluster(read_share)
+        await view.start()
+        await asyncio.sleep(0.3)
+        await view.stop()
+        await view.client.aclose()
+        reads = len(fake.requests)
+        if read_share:
+            assert reads == 1, reads
+        else:
+            assert reads > 3, reads

@@ -1,4 +1,4 @@
-"""The scheduler's loop: one work key per placeholder job (a pod, or a gang of pods).
+"""The scheduler's loop: one work key per Slurm allocation (a pod, or a gang of pods).
 
 Keys are what a job's comment carries (`<namespace>/<pod uid>` or
 `<namespace>/gang:<name>`), so pod events, Slurm job events and a restart all
@@ -6,15 +6,28 @@ lead to the same key. Each reconcile reads the pods (informer) and the job
 (Slurm view, or a direct read when the view has not seen it yet) as they are
 now, and moves them one step towards agreement:
 
-- pending pods, no job → submit one (after looking for one: never twice);
+- pending pods, no job → ask for one (after looking for one: never twice):
+  an allocation that starts now, bound in the same step, or else a batch
+  placeholder that waits in Slurm's queue;
 - job pending → PodScheduled=False with Slurm's reason;
 - job running → bind every pod to the Kubernetes node behind its Slurm node;
-- job ended (cancelled, timed out, preempted, requeued) → evict the pods;
+- job preempted (it runs on for its GraceTime) or near its time limit → evict
+  the pods, so that they are gone before Slurm ends the job;
+- job ended (cancelled, timed out, preempted) → evict the pods;
 - pods gone or finished → cancel the job.
 
-Slurm's job events wake the key at once (the view polls every 0.25 s and
-costs one small reply while nothing changes), so an allocation leads to the
-bind within a poll, not within a 30 s cycle.
+Two kinds of job, because each is fast where the other is not:
+- an immediate allocation (`POST /job/allocate`, `salloc --immediate`):
+  slurmctld places it within the request, or refuses it at once; a batch job
+  would wait for the next scheduling pass (a whole second at best);
+- a batch placeholder, when the allocation is refused: it waits in Slurm's
+  queue with a pending reason (a waiting allocation would hold slurmrestd's
+  request until it starts). Its script ignores SIGTERM, so a cancelled or
+  preempted placeholder holds its nodes for KillWait, the pods' window to stop.
+
+Later starts, of jobs that had to wait, come as Slurm job events, which wake
+the key at once (the view polls every 0.25 s and costs one small reply while
+nothing changes): a bind within a poll, not within a 30 s cycle.
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 from lightkube import ALL_NS, ApiError, AsyncClient, operators
@@ -43,6 +56,7 @@ from sunk.scheduler.request import (
     InvalidPod,
     Options,
     gang_of,
+    grace_seconds,
     job_key,
     job_spec,
     key_of_comment,
@@ -56,7 +70,7 @@ from sunk.slurm.errors import (
     SlurmUnavailableError,
 )
 from sunk.slurm.hostlist import expand
-from sunk.slurm.models import Job
+from sunk.slurm.models import Job, JobSpec, SubmitResult
 from sunk.slurm.view import JobEvent, Resync, SlurmView, StateEvent, Subscription
 
 log = logging.getLogger(__name__)
@@ -93,6 +107,22 @@ def _annotations(pod: Pod) -> dict[str, str]:
     return dict((pod.metadata.annotations if pod.metadata else None) or {})
 
 
+def _reference(pod: Pod) -> dict[str, Any]:
+    """What an Event needs of the pod: cheaper than the whole pod as a dict."""
+    meta = pod.metadata
+    assert meta is not None
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "uid": meta.uid,
+            "resourceVersion": meta.resourceVersion,
+        },
+    }
+
+
 def _terminal(pod: Pod) -> bool:
     return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
 
@@ -117,6 +147,28 @@ def _pod_key(pod: Pod) -> str:
 
 def _active(job: Job | None) -> bool:
     return job is not None and job.state in ACTIVE
+
+
+def _refused_allocation(job: Job) -> bool:
+    """An immediate allocation Slurm could not start: it leaves a FAILED record
+    that never had nodes. Not a job of its key (the batch placeholder is)."""
+    return not job.batch_flag and job.state == "FAILED" and not job.nodes
+
+
+def _time_to_stop(job: Job, pods: Sequence[Pod], now: float) -> float | None:
+    """Seconds until the pods must be told to stop so that they are gone before
+    Slurm ends their allocation (0: now), or None while it has no end in sight.
+
+    A preempted job runs on for its GraceTime, then ends: the pods go at once,
+    and the scheduler cancels the job as soon as they are gone. A time limit
+    ends the job: the pods go their grace period before it.
+    """
+    if job.preempt_time:
+        return 0.0
+    if job.time_limit is None or not job.end_time:
+        return None
+    grace = max((grace_seconds(p) for p in pods), default=0)
+    return max(0.0, job.end_time - grace - now)
 
 
 class Scheduler:
@@ -174,6 +226,7 @@ class Scheduler:
         # Keys whose submit failed in a way that may still have been taken, until when.
         self._uncertain: dict[str, float] = {}
         self._pods.subscribe(self._on_pod)
+        self._tasks: set[asyncio.Task[None]] = set()
         self.submits = 0  # for tests: how many jobs this instance submitted
         self.binds = 0
 
@@ -199,7 +252,9 @@ class Scheduler:
     def _index_job(self, job_id: int, old: Job | None, new: Job | None) -> str | None:
         key = None
         for job in (old, new):
-            if job is not None and (found := key_of_comment(job.comment)) is not None:
+            if job is None or _refused_allocation(job):
+                continue
+            if (found := key_of_comment(job.comment)) is not None:
                 key = found
                 if job is new:
                     self._jobs_by_key.setdefault(found, set()).add(job_id)
@@ -351,6 +406,10 @@ class Scheduler:
                 return None
             return await self._submit(key, live, gang)
         if job.state == "RUNNING":
+            if job.preempt_time:  # preempted before the pods ran: they go with it
+                await self._cancel(key, job_id, job, "preempted before its pods were bound")
+                await self._evict(live, job_id, job)
+                return None
             await self._bind(key, live, job_id, job)
             return None
         if job.state_reason != "None":  # "None": Slurm has not looked at it yet
@@ -372,9 +431,15 @@ class Scheduler:
         running = job is not None and job.state == "RUNNING"
         if running and len(live) == len(pods) == wanted:
             assert job is not None
+            left = _time_to_stop(job, live, time.time())
+            if left == 0:
+                # Slurm ends the allocation soon: the pods go first; the job is
+                # cancelled once they are gone (which frees the nodes early).
+                await self._evict(live, job_id, job)
+                return None
             if unbound := [p for p in live if not _bound(p)]:
                 await self._bind(key, unbound, job_id, job)
-            return None
+            return Result(requeue_after=left) if left is not None else None
         if running and not any(map(_terminal, pods)) and all(map(_deleting, pods)):
             return None  # they are stopping; the job ends once they are gone
         # A member finished or was deleted, or the job ended or was requeued: end it all.
@@ -383,6 +448,12 @@ class Scheduler:
         return None
 
     # -- actions -----------------------------------------------------------------------
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` (which never raises: Event writes) without waiting for it."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _submit(self, key: str, pods: Sequence[Pod], gang: Gang | None) -> Result | None:
         if not self.ready.is_set():
@@ -403,7 +474,7 @@ class Scheduler:
             self.queue.add(key)
             return None
         try:
-            result = await self._slurm.submit(spec)
+            result, allocated = await self._place(spec)
         except SlurmUnavailableError as exc:
             if exc.maybe_applied:
                 self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
@@ -420,7 +491,31 @@ class Scheduler:
         self.submits += 1
         log.info("submitted job %d for %s", result.job_id, key)
         await asyncio.gather(*(self._tolerate_lock(pod, result.job_id) for pod in pods))
+        if not allocated:
+            return None  # a placeholder in the queue: its start comes as a job event
+        # The allocation runs already: one read of it (a few ms) and the pods are
+        # bound now, not a view poll later.
+        try:
+            job = await self._slurm.job(result.job_id)
+        except SlurmError as exc:
+            log.info("reading job %d failed (%s): the view brings it", result.job_id, exc)
+            return None
+        if job is not None and job.state == "RUNNING" and not job.preempt_time:
+            await self._bind(key, pods, result.job_id, job)
         return None
+
+    async def _place(self, spec: JobSpec) -> tuple[SubmitResult, bool]:
+        """An allocation if Slurm can start one now (True), else a batch placeholder."""
+        try:
+            allocation = spec.model_copy(update={"script": None, "immediate": True})
+            return await self._slurm.allocate(allocation), True
+        except SlurmApiError as exc:
+            if exc.transient:
+                raise
+            # Busy nodes, a higher-priority job waiting, or a bad request: the
+            # batch job queues, or is refused with Slurm's own message.
+            log.debug("no immediate allocation (%s): queueing a batch placeholder", exc)
+        return await self._slurm.submit(spec), False
 
     async def _tolerate_lock(self, pod: Pod, job_id: int) -> None:
         """Let the pod stay on a node Slurm locked for its job (the syncer's taint), and
@@ -497,11 +592,14 @@ class Scheduler:
         )
         self.binds += 1
         log.info("bound %s/%s to %s (job %s)", pod.metadata.namespace, _pod_name(pod), node, job_id)
-        await self._events.emit(
-            pod,
-            "Scheduled",
-            f"Slurm job {job_id} allocated {node}; bound",
-            action="Binding",
+        # Off the worker: the next pod's bind need not wait for this Event.
+        self._background(
+            self._events.emit(
+                _reference(pod),
+                "Scheduled",
+                f"Slurm job {job_id} allocated {node}; bound",
+                action="Binding",
+            )
         )
 
     async def _cancel(self, key: str, job_id: int | None, job: Job | None, why: str) -> None:
@@ -513,13 +611,13 @@ class Scheduler:
             return
         log.info("cancel job %d (%s): %s", job_id, key, why)
         with contextlib.suppress(SlurmNotFoundError):
-            if job is not None and job.state == "RUNNING":
+            if job is not None and job.batch_flag and job.state == "RUNNING":
                 await self._release(job_id)
             await self._slurm.cancel(job_id)
         self._view.poll_now()
 
     async def _release(self, job_id: int) -> None:
-        """The placeholder ends at once on SIGUSR1; a plain cancel would hold the
+        """A placeholder ends at once on SIGUSR1; a plain cancel would hold the
         node for KillWait (it ignores SIGTERM on purpose)."""
         try:
             await self._slurm.signal(job_id, "SIGUSR1", full=True)
@@ -529,6 +627,10 @@ class Scheduler:
     async def _evict(self, pods: Sequence[Pod], job_id: int | None, job: Job | None) -> None:
         if job is None:
             why = f"Slurm job {job_id} is gone"
+        elif job.state == "RUNNING" and job.preempt_time:
+            why = f"Slurm job {job_id} was preempted"
+        elif job.state == "RUNNING":
+            why = f"Slurm job {job_id} reaches its time limit"
         else:
             why = f"Slurm job {job_id} is {job.state}" + (
                 f" ({job.state_reason})" if job.state_reason and job.state_reason != "None" else ""
@@ -538,8 +640,10 @@ class Scheduler:
                 continue
             assert pod.metadata is not None
             log.info("evict %s/%s: %s", pod.metadata.namespace, pod.metadata.name, why)
-            await self._events.emit(pod, "Evicted", why, action="Evicting", type_="Warning")
-            # The pod's own grace period: it fits KillWait (checked at submit).
+            await self._events.emit(
+                _reference(pod), "Evicted", why, action="Evicting", type_="Warning"
+            )
+            # The pod's own grace period: it fits Slurm's (checked at submit).
             await delete_pod(
                 self._kube, pod.metadata.namespace or "default", _pod_name(pod), _pod_uid(pod)
             )
@@ -550,7 +654,11 @@ class Scheduler:
             self._reported[key] = message
             for pod in pods:
                 await self._events.emit(
-                    pod, "FailedScheduling", message, action="Scheduling", type_="Warning"
+                    _reference(pod),
+                    "FailedScheduling",
+                    message,
+                    action="Scheduling",
+                    type_="Warning",
                 )
 
     async def _pending(self, pods: Iterable[Pod], message: str, job_id: int | None = None) -> None:

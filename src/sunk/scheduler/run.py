@@ -20,6 +20,8 @@ from sunk.slurm.view import SlurmView
 # Full job listings grow with the queue (seconds at thousands of jobs on a
 # loaded slurmrestd): a slow read is not an outage.
 VIEW_STALE_AFTER = 15.0
+# At most this share of the time goes to reading the job list while it changes.
+READ_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ async def run_scheduler(config: SchedulerConfig) -> None:
             interval=config.poll_interval,
             stale_after=VIEW_STALE_AFTER,
             watch_nodes=False,  # Slurm nodes come from the NodeSet pods
+            # A burst of pods changes jobs on every poll: reading them all must not
+            # starve the allocations (the pods bound at once do not need the view).
+            read_share=READ_SHARE,
         ) as view,
     ):
 

@@ -606,13 +606,34 @@ class SlurmClient:
         with `maybe_applied` means the caller must look (e.g. by comment or name)
         before submitting again.
         """
+        if spec.script is None:
+            raise ValueError("a batch job needs a script")
+        return await self._create_job("job/submit", spec)
+
+    async def allocate(self, spec: JobSpec) -> SubmitResult:
+        """Ask for an allocation that starts now (a job without a batch script,
+        as `salloc --immediate`); Slurm's refusal raises SlurmApiError, e.g.
+        "Requested nodes are busy" (2016) when it cannot start at once.
+
+        Unlike a batch job, which waits for slurmctld's next scheduling pass (up
+        to a second even with `batch_sched_delay=0`), an allocation is placed
+        within the request. It must be `immediate`: slurmrestd holds the request
+        of one that waits until it starts. Nothing runs in it: it ends when
+        cancelled, at its time limit, or GraceTime after preemption. Not resent,
+        as `submit`.
+        """
+        if spec.script is not None or not spec.immediate:
+            raise ValueError("an allocation has no script and is immediate")
+        return await self._create_job("job/allocate", spec)
+
+    async def _create_job(self, tail: str, spec: JobSpec) -> SubmitResult:
         dialect = await self.dialect()
         parsed, _ = await self._call(
-            "POST", "job/submit", _SubmitReply, idempotent=False, json=dialect.submit_body(spec)
+            "POST", tail, _SubmitReply, idempotent=False, json=dialect.submit_body(spec)
         )
         if parsed.job_id is None:
             raise SlurmApiError(
-                "POST", dialect.path("job/submit"), 200, (SlurmProblem(0, "no job_id", "", ""),)
+                "POST", dialect.path(tail), 200, (SlurmProblem(0, "no job_id", "", ""),)
             )
         return SubmitResult(
             job_id=parsed.job_id, step_id=parsed.step_id, user_message=parsed.job_submit_user_msg

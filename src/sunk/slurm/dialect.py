@@ -136,6 +136,7 @@ class Dialect:
                 "tres_per_node": spec.tres_per_node,
                 "comment": spec.comment,
                 "hold": spec.hold or None,
+                "immediate": spec.immediate or None,
                 "requeue": spec.requeue,
                 "user_id": str(spec.user_id) if spec.user_id is not None else None,
                 "group_id": str(spec.group_id) if spec.group_id is not None else None,

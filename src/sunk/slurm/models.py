@@ -162,6 +162,8 @@ class Job(_Model):
     submit_time: Timestamp = None
     start_time: Timestamp = None
     end_time: Timestamp = None
+    # Set when the job was picked for preemption; it ends once GraceTime is over.
+    preempt_time: Timestamp = None
     exit_code: ExitCode | None = None
     current_working_directory: str = ""
     standard_output: str = ""
@@ -273,11 +275,12 @@ class SubmitResult(_Model):
 
 
 class JobSpec(_Model):
-    """A batch job, as sunk submits it. Renders to the submit body in dialect.py."""
+    """A job as sunk asks for it: a batch job (with `script`) or an allocation
+    (without). Renders to the request body in dialect.py."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    script: str
+    script: str | None = None
     name: str = "sunk"
     partition: str | None = None
     nodes: str | None = None  # count ("2", "1-4") or let Slurm pick
@@ -298,6 +301,9 @@ class JobSpec(_Model):
     # "oversubscribe"; None leaves Slurm's default. Wins over `exclusive`.
     sharing: str | None = None
     hold: bool = False
+    # Start now or be refused (salloc --immediate); an allocation that must wait
+    # would block slurmrestd's request until it starts.
+    immediate: bool = False
     requeue: bool | None = None
     user_id: int | None = None  # submit as this uid (needs an admin token)
     group_id: int | None = None

@@ -249,6 +249,7 @@ class SlurmView:
         stale_after: float | None = None,
         poll_timeout: float = 10.0,
         max_backoff: float = 5.0,
+        read_share: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -261,6 +262,11 @@ class SlurmView:
         self.stale_after = stale_after if stale_after is not None else max(5.0, 3 * interval)
         self.poll_timeout = poll_timeout
         self.max_backoff = max_backoff
+        # While things change, every poll is a full read, whose cost grows with
+        # the cluster: with `read_share`, polls that read lists are spaced so
+        # that reading takes at most this share of the time (slurmrestd's JSON
+        # rendering is the cost, and it competes with the requests that act).
+        self.read_share = read_share
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
         self._jobs: _Table[int, Job] = _Table()
@@ -436,6 +442,7 @@ class SlurmView:
         failures = 0
         while True:
             started = self._clock()
+            lists_read = self.stats.changed + self.stats.full_reads
             # Cleared before the read, not after: a poll_now() during it still counts.
             self._wake.clear()
             try:
@@ -449,10 +456,13 @@ class SlurmView:
                 failures += 1
             if not first.done():
                 first.set_result(None)
+            took = self._clock() - started
             if failures:
                 delay = min(self.max_backoff, self.interval * 2 ** (failures - 1))
             else:
-                delay = max(0.0, self.interval - (self._clock() - started))
+                delay = max(0.0, self.interval - took)
+                if self.read_share and self.stats.changed + self.stats.full_reads > lists_read:
+                    delay = max(delay, took / self.read_share - took)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
