@@ -47,7 +47,7 @@ from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.testbed.kube import KubeControlPlane, async_client
-from sunk.testbed.procs import Supervisor
+from sunk.testbed.procs import Supervisor, free_port
 from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
 
 NAMESPACE = "bench"
@@ -169,6 +169,14 @@ async def clear(kube: AsyncClient) -> None:
         await asyncio.sleep(0.5)
 
 
+async def jobs_by_kind(port: int) -> str:
+    """The scheduler's own count of allocations and queued placeholders (its /metrics)."""
+    async with httpx2.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    counts = [line for line in text.splitlines() if line.startswith("sunk_scheduler_jobs_total")]
+    return ", ".join(counts) or "no jobs counted"
+
+
 def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -248,6 +256,8 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
             "2",
             "--poll-interval",
             str(interval),
+            "--metrics-port",
+            str(metrics_port := free_port()),
             # Logs at the default level, as deployed; a trace wants every step.
             *(["-v"] if os.environ.get("BENCH_VERBOSE") else []),
         ]
@@ -265,7 +275,7 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
                     print(f"sunk, {count}: {results[('sunk', count)]}", flush=True)
                     print(
                         f"  sunk scheduler: {after['cpu_s'] - before:.2f} s CPU for the burst,"
-                        f" {after['rss_mib']:.0f} MiB",
+                        f" {after['rss_mib']:.0f} MiB; {await jobs_by_kind(metrics_port)}",
                         flush=True,
                     )
                     listing = await client.jobs()

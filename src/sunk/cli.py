@@ -203,9 +203,12 @@ def scheduler(
     ] = 30,
     poll_interval: Annotated[float, typer.Option(help="Seconds between Slurm polls.")] = 0.25,
     lease_namespace: LeaseNamespaceOption = "default",
+    metrics_port: Annotated[
+        int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
+    ] = 9090,
     verbose: VerboseOption = False,
 ) -> None:
-    """Place pods on NodeSet nodes through Slurm placeholder jobs (leader-elected)."""
+    """Place pods on NodeSet nodes through Slurm jobs (leader-elected)."""
     from sunk.scheduler.run import SchedulerConfig, main
 
     _component_logging(verbose)
@@ -225,6 +228,7 @@ def scheduler(
             kill_wait=kill_wait,
             poll_interval=poll_interval,
             lease_namespace=lease_namespace,
+            metrics_port=metrics_port or None,
         )
     )
 

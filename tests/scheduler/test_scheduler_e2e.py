@@ -256,6 +256,11 @@ async def delete_and_wait(kube: AsyncClient, sb: SchedBed, *names: str) -> None:
     await wait_for(f"pods {names} to be gone", gone, timeout=30)
 
 
+def jobs_of_kind(scheduler: Scheduler, kind: str) -> float:
+    value = scheduler.metrics.registry.get_sample_value("sunk_scheduler_jobs_total", {"kind": kind})
+    return value or 0.0
+
+
 async def no_live_jobs(sb: SchedBed) -> bool:
     return not await sb.our_jobs()
 
@@ -356,7 +361,7 @@ async def test_a_pod_waits_with_slurms_reason_and_binds_when_a_job_ends(
     batch = await fill_pool(sb)
     try:
         await wait_for("the batch jobs to run", lambda: running(sb, batch[-1]))
-        async with scheduling(kube, sb):
+        async with scheduling(kube, sb) as process:
             await kube.create(pod_body(sb, "waiter"))
 
             async def says_why() -> bool:
@@ -373,6 +378,10 @@ async def test_a_pod_waits_with_slurms_reason_and_binds_when_a_job_ends(
                 f"batch job ended → pod bound in {asyncio.get_running_loop().time() - started:.2f}s"
             )
             assert node == sb.slurmd[ended]
+            # It had to wait: Slurm refused the allocation and queued a placeholder.
+            assert process.scheduler is not None
+            assert jobs_of_kind(process.scheduler, "batch") == 1
+            assert jobs_of_kind(process.scheduler, "allocation") == 0
             job_id = job_of(await get_pod(kube, sb, "waiter"))
             assert (await sb.job_fields(job_id)).get("NodeList") == ended
             await delete_and_wait(kube, sb, "waiter")
@@ -383,7 +392,7 @@ async def test_a_pod_waits_with_slurms_reason_and_binds_when_a_job_ends(
 
 async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) -> None:
     sb = sched_bed
-    async with scheduling(kube, sb):
+    async with scheduling(kube, sb) as process:
         await kube.create(pod_body(sb, "victim"))
         await wait_for_bound(kube, sb, "victim")
         job_id = job_of(await get_pod(kube, sb, "victim"))
@@ -397,6 +406,15 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
         await wait_for("the pod to be evicted", evicted, timeout=10)
         print(f"scancel → pod deleted in {asyncio.get_running_loop().time() - started:.2f}s")
         assert any(e.reason == "Evicted" for e in await events_for(kube, sb, "victim"))
+        # A free pool: an allocation Slurm started at once; its metrics say so.
+        scheduler = process.scheduler
+        assert scheduler is not None
+        assert jobs_of_kind(scheduler, "allocation") == 1
+        registry = scheduler.metrics.registry
+        assert registry.get_sample_value("sunk_scheduler_binds_total") == 1
+        assert registry.get_sample_value("sunk_scheduler_bind_seconds_count") == 1
+        evicted = {"state": "CANCELLED"}
+        assert registry.get_sample_value("sunk_scheduler_evictions_total", evicted) == 1
         await delete_and_wait(kube, sb, "victim")
 
 

@@ -49,6 +49,7 @@ from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.raw import bind_pod, delete_pod
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
+from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
     ANNOTATION_JOB_ID,
     SCHEDULER_NAME,
@@ -184,6 +185,7 @@ class Scheduler:
         slurmd_namespace: str | None = None,
         workers: int = 16,
         settle: float = 5.0,
+        metrics: SchedulerMetrics | None = None,
     ) -> None:
         self.options = options or Options()
         self.scheduler_name = scheduler_name
@@ -229,6 +231,12 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self.submits = 0  # for tests: how many jobs this instance submitted
         self.binds = 0
+        self.metrics = metrics or SchedulerMetrics()
+        self.metrics.slurm_requests.set_function(lambda: slurm.stats.requests)
+        self.metrics.view_fresh.set_function(lambda: 1 if view.fresh else 0)
+        self.metrics.pending_pods.set_function(self._count_pending)
+        # Pod uid → when this process first saw it pending: the bind latency's start.
+        self._first_seen: dict[str, float] = {}
 
     # -- indexes and wake-ups -------------------------------------------------------
 
@@ -240,6 +248,11 @@ class Scheduler:
             if not members:
                 self._pods_by_key.pop(old_key, None)
             self.queue.add(old_key)
+        uid = _pod_uid(event.obj)
+        if event.new is None or _deleting(event.new):
+            self._first_seen.pop(uid, None)
+        elif not _bound(event.new):  # popped by the bind (its event may come first)
+            self._first_seen.setdefault(uid, time.monotonic())
         if event.new is not None:
             key = _pod_key(event.new)
             self._key_of_pod[event.key] = key
@@ -360,7 +373,15 @@ class Scheduler:
     async def reconcile(self, key: str) -> Result | None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            return await self._reconcile(key)
+            with self.metrics.reconcile_seconds.time():
+                try:
+                    return await self._reconcile(key)
+                except Exception:
+                    self.metrics.errors.inc()
+                    raise
+
+    def _count_pending(self) -> int:
+        return sum(1 for pod in self._pods.items() if not _bound(pod) and not _deleting(pod))
 
     async def _reconcile(self, key: str) -> Result | None:
         if not self._view.fresh:
@@ -489,6 +510,7 @@ class Scheduler:
         self._submitted[key] = (result.job_id, time.monotonic() + UNSEEN_WAIT)
         self._reported.pop(key, None)
         self.submits += 1
+        self.metrics.jobs.labels(kind="allocation" if allocated else "batch").inc()
         log.info("submitted job %d for %s", result.job_id, key)
         await asyncio.gather(*(self._tolerate_lock(pod, result.job_id) for pod in pods))
         if not allocated:
@@ -591,6 +613,9 @@ class Scheduler:
             annotations={ANNOTATION_JOB_ID: str(job_id)},
         )
         self.binds += 1
+        self.metrics.binds.inc()
+        if (seen := self._first_seen.pop(_pod_uid(pod), None)) is not None:
+            self.metrics.bind_seconds.observe(time.monotonic() - seen)
         log.info("bound %s/%s to %s (job %s)", pod.metadata.namespace, _pod_name(pod), node, job_id)
         # Off the worker: the next pod's bind need not wait for this Event.
         self._background(
@@ -610,6 +635,7 @@ class Scheduler:
                 self._locks.pop(key, None)
             return
         log.info("cancel job %d (%s): %s", job_id, key, why)
+        self.metrics.cancels.inc()
         with contextlib.suppress(SlurmNotFoundError):
             if job is not None and job.batch_flag and job.state == "RUNNING":
                 await self._release(job_id)
@@ -640,6 +666,7 @@ class Scheduler:
                 continue
             assert pod.metadata is not None
             log.info("evict %s/%s: %s", pod.metadata.namespace, pod.metadata.name, why)
+            self.metrics.evictions.labels(state=job.state if job is not None else "GONE").inc()
             await self._events.emit(
                 _reference(pod), "Evicted", why, action="Evicting", type_="Warning"
             )
@@ -649,6 +676,7 @@ class Scheduler:
             )
 
     async def _refuse(self, key: str, pods: Sequence[Pod], message: str) -> None:
+        self.metrics.refusals.inc()
         await self._pending(pods, message)
         if self._reported.get(key) != message:
             self._reported[key] = message

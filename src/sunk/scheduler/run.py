@@ -9,9 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import start_http_server
+
 from sunk.kube.client import kube_client
 from sunk.kube.leader import LeaderElector
 from sunk.scheduler.controller import Scheduler
+from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import SCHEDULER_NAME, Options
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
@@ -41,10 +44,14 @@ class SchedulerConfig:
     poll_interval: float = 0.25
     lease_namespace: str = "default"
     identity: str = ""
+    metrics_port: int | None = 9090  # None: no /metrics endpoint
 
 
 async def run_scheduler(config: SchedulerConfig) -> None:
     identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+    metrics = SchedulerMetrics()
+    if config.metrics_port is not None:
+        start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, config.scheduler_name)
     credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
     options = Options(
@@ -76,6 +83,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
                 scheduler_name=config.scheduler_name,
                 namespace=config.namespace,
                 slurmd_namespace=config.slurmd_namespace,
+                metrics=metrics,
             )
             await scheduler.run()
 

@@ -229,8 +229,8 @@ class Bed:
                 "--lease-namespace",
                 NAMESPACE,
             ]
-            if name == "syncer":
-                argv += ["--metrics-port", "0"]
+            if name in ("syncer", "scheduler"):
+                argv += ["--metrics-port", "0"]  # three components on one host
             if name == "scheduler":
                 argv += ["--kill-wait", str(KILL_WAIT)]
             # A new slurmrestd address (or token) after a re-run: restart.
