@@ -273,9 +273,10 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
                     results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)
                     after = proc_stats(process.pid)
                     print(f"sunk, {count}: {results[('sunk', count)]}", flush=True)
+                    jobs = await jobs_by_kind(metrics_port)
                     print(
                         f"  sunk scheduler: {after['cpu_s'] - before:.2f} s CPU for the burst,"
-                        f" {after['rss_mib']:.0f} MiB; {await jobs_by_kind(metrics_port)}",
+                        f" {after['rss_mib']:.0f} MiB; since start: {jobs}",
                         flush=True,
                     )
                     listing = await client.jobs()
