@@ -34,6 +34,13 @@ def sandboxed_pids(cluster: SlurmCluster) -> list[int]:
     return pids
 
 
+def command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # gone meanwhile
+        return ""
+
+
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -115,9 +122,10 @@ def test_stop_leaves_no_process_and_no_mount(side: SlurmCluster) -> None:
         "the job running",
         lambda: side.run(["squeue", "-h", "-o", "%t"]).stdout.split() == ["R"],
     )
-    assert any(
-        Path(f"/proc/{pid}/comm").read_text().strip() == "slurmstepd"
-        for pid in sandboxed_pids(side)
+    # RUNNING in slurmctld comes a moment before slurmd has started the step.
+    wait_until(
+        "the job's slurmstepd",
+        lambda: any(command_of(pid) == "slurmstepd" for pid in sandboxed_pids(side)),
     )
     side.stop()
     assert sandboxed_pids(side) == []
