@@ -156,6 +156,15 @@ def _refused_allocation(job: Job) -> bool:
     return not job.batch_flag and job.state == "FAILED" and not job.nodes
 
 
+def _eviction_reason(job_id: int | None, job: Job | None) -> str:
+    if job is None:
+        return f"Slurm job {job_id} is gone"
+    if job.state == "RUNNING" and job.preempt_time:
+        return f"Slurm job {job_id} was preempted"
+    reason = job.state_reason if job.state_reason not in ("", "None") else ""
+    return f"Slurm job {job_id} is {job.state}" + (f" ({reason})" if reason else "")
+
+
 def _time_to_stop(job: Job, pods: Sequence[Pod], now: float) -> float | None:
     """Seconds until the pods must be told to stop so that they are gone before
     Slurm ends their allocation (0: now), or None while it has no end in sight.
@@ -456,7 +465,8 @@ class Scheduler:
             if left == 0:
                 # Slurm ends the allocation soon: the pods go first; the job is
                 # cancelled once they are gone (which frees the nodes early).
-                await self._evict(live, job_id, job)
+                soon = "was preempted" if job.preempt_time else "reaches its time limit"
+                await self._evict(live, job_id, job, f"Slurm job {job_id} {soon}")
                 return None
             if unbound := [p for p in live if not _bound(p)]:
                 await self._bind(key, unbound, job_id, job)
@@ -650,17 +660,10 @@ class Scheduler:
         except SlurmApiError as exc:
             log.warning("could not signal job %d (%s): it ends after KillWait", job_id, exc)
 
-    async def _evict(self, pods: Sequence[Pod], job_id: int | None, job: Job | None) -> None:
-        if job is None:
-            why = f"Slurm job {job_id} is gone"
-        elif job.state == "RUNNING" and job.preempt_time:
-            why = f"Slurm job {job_id} was preempted"
-        elif job.state == "RUNNING":
-            why = f"Slurm job {job_id} reaches its time limit"
-        else:
-            why = f"Slurm job {job_id} is {job.state}" + (
-                f" ({job.state_reason})" if job.state_reason and job.state_reason != "None" else ""
-            )
+    async def _evict(
+        self, pods: Sequence[Pod], job_id: int | None, job: Job | None, why: str = ""
+    ) -> None:
+        why = why or _eviction_reason(job_id, job)
         for pod in pods:
             if _deleting(pod):
                 continue
