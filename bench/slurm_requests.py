@@ -26,23 +26,18 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from local_runtime import proc_stats
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import JobSpec
 from sunk.testbed.procs import Supervisor
 from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
 
-TICKS = os.sysconf("SC_CLK_TCK")
 PARTITION = "bench"
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) / TICKS
-    return total
+    return sum(proc_stats(pid)["cpu_s"] for pid in pids)
 
 
 def pids_named(name: str) -> list[int]:
