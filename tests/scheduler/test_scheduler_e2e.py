@@ -621,4 +621,3 @@ async def test_an_orphan_job_is_cancelled(kube: AsyncClient, sched_bed: SchedBed
             await wait_for("the orphan to be cancelled", lambda: job_ended(sb, orphan), timeout=30)
     finally:
         await sb.aslurm("scancel", orphan)
-
