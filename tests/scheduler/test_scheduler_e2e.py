@@ -28,6 +28,7 @@ from sunk.local import slurmpods
 from sunk.local.node import NodeConfig
 from sunk.local.port import build
 from sunk.scheduler.controller import Scheduler
+from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
     ANNOTATION_EXCLUSIVE,
     ANNOTATION_JOB_ID,
@@ -139,7 +140,8 @@ class SchedulerProcess:
         self.kube, self.sb = kube, sb
         self.task: asyncio.Task[None] | None = None
         self.scheduler: Scheduler | None = None
-        self.submits = 0
+        # One registry across restarts, as `sunk scheduler` keeps across leadership terms.
+        self.metrics = SchedulerMetrics()
 
     async def _run(self) -> None:
         credentials = JwtMinter(FileKey(self.sb.key), "root")
@@ -156,11 +158,18 @@ class SchedulerProcess:
                 options=Options(partition="k8s", kill_wait=KILL_WAIT),
                 namespace=self.sb.bed.namespace,
                 slurmd_namespace=self.sb.bed.namespace,
+                metrics=self.metrics,
             )
-            try:
-                await self.scheduler.run()
-            finally:
-                self.submits += self.scheduler.submits
+            await self.scheduler.run()
+
+    @property
+    def submits(self) -> int:
+        """Jobs asked for by every run of this process, allocations and placeholders."""
+        return int(sum(self.jobs_of_kind(kind) for kind in ("allocation", "batch")))
+
+    def jobs_of_kind(self, kind: str) -> float:
+        labels = {"kind": kind}
+        return self.metrics.registry.get_sample_value("sunk_scheduler_jobs_total", labels) or 0.0
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run())
@@ -254,11 +263,6 @@ async def delete_and_wait(kube: AsyncClient, sb: SchedBed, *names: str) -> None:
         return all([await get_pod(kube, sb, n) is None for n in names])
 
     await wait_for(f"pods {names} to be gone", gone, timeout=30)
-
-
-def jobs_of_kind(scheduler: Scheduler, kind: str) -> float:
-    value = scheduler.metrics.registry.get_sample_value("sunk_scheduler_jobs_total", {"kind": kind})
-    return value or 0.0
 
 
 async def no_live_jobs(sb: SchedBed) -> bool:
@@ -379,9 +383,8 @@ async def test_a_pod_waits_with_slurms_reason_and_binds_when_a_job_ends(
             )
             assert node == sb.slurmd[ended]
             # It had to wait: Slurm refused the allocation and queued a placeholder.
-            assert process.scheduler is not None
-            assert jobs_of_kind(process.scheduler, "batch") == 1
-            assert jobs_of_kind(process.scheduler, "allocation") == 0
+            assert process.jobs_of_kind("batch") == 1
+            assert process.jobs_of_kind("allocation") == 0
             job_id = job_of(await get_pod(kube, sb, "waiter"))
             assert (await sb.job_fields(job_id)).get("NodeList") == ended
             await delete_and_wait(kube, sb, "waiter")
@@ -407,10 +410,8 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
         print(f"scancel → pod deleted in {asyncio.get_running_loop().time() - started:.2f}s")
         assert any(e.reason == "Evicted" for e in await events_for(kube, sb, "victim"))
         # A free pool: an allocation Slurm started at once; its metrics say so.
-        scheduler = process.scheduler
-        assert scheduler is not None
-        assert jobs_of_kind(scheduler, "allocation") == 1
-        registry = scheduler.metrics.registry
+        assert process.jobs_of_kind("allocation") == 1
+        registry = process.metrics.registry
         assert registry.get_sample_value("sunk_scheduler_binds_total") == 1
         assert registry.get_sample_value("sunk_scheduler_bind_seconds_count") == 1
         evicted = {"state": "CANCELLED"}

@@ -108,22 +108,6 @@ def _annotations(pod: Pod) -> dict[str, str]:
     return dict((pod.metadata.annotations if pod.metadata else None) or {})
 
 
-def _reference(pod: Pod) -> dict[str, Any]:
-    """What an Event needs of the pod: cheaper than the whole pod as a dict."""
-    meta = pod.metadata
-    assert meta is not None
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": meta.name,
-            "namespace": meta.namespace,
-            "uid": meta.uid,
-            "resourceVersion": meta.resourceVersion,
-        },
-    }
-
-
 def _terminal(pod: Pod) -> bool:
     return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
 
@@ -238,8 +222,6 @@ class Scheduler:
         self._uncertain: dict[str, float] = {}
         self._pods.subscribe(self._on_pod)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.submits = 0  # for tests: how many jobs this instance submitted
-        self.binds = 0
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.slurm_requests.set_function(lambda: slurm.stats.requests)
         self.metrics.view_fresh.set_function(lambda: 1 if view.fresh else 0)
@@ -519,7 +501,6 @@ class Scheduler:
             return Result(requeue_after=INVALID_RETRY)
         self._submitted[key] = (result.job_id, time.monotonic() + UNSEEN_WAIT)
         self._reported.pop(key, None)
-        self.submits += 1
         self.metrics.jobs.labels(kind="allocation" if allocated else "batch").inc()
         log.info("submitted job %d for %s", result.job_id, key)
         await asyncio.gather(*(self._tolerate_lock(pod, result.job_id) for pod in pods))
@@ -622,7 +603,6 @@ class Scheduler:
             _pod_uid(pod),
             annotations={ANNOTATION_JOB_ID: str(job_id)},
         )
-        self.binds += 1
         self.metrics.binds.inc()
         if (seen := self._first_seen.pop(_pod_uid(pod), None)) is not None:
             self.metrics.bind_seconds.observe(time.monotonic() - seen)
@@ -630,7 +610,7 @@ class Scheduler:
         # Off the worker: the next pod's bind need not wait for this Event.
         self._background(
             self._events.emit(
-                _reference(pod),
+                pod,
                 "Scheduled",
                 f"Slurm job {job_id} allocated {node}; bound",
                 action="Binding",
@@ -670,9 +650,7 @@ class Scheduler:
             assert pod.metadata is not None
             log.info("evict %s/%s: %s", pod.metadata.namespace, pod.metadata.name, why)
             self.metrics.evictions.labels(state=job.state if job is not None else "GONE").inc()
-            await self._events.emit(
-                _reference(pod), "Evicted", why, action="Evicting", type_="Warning"
-            )
+            await self._events.emit(pod, "Evicted", why, action="Evicting", type_="Warning")
             # The pod's own grace period: it fits Slurm's (checked at submit).
             await delete_pod(
                 self._kube, pod.metadata.namespace or "default", _pod_name(pod), _pod_uid(pod)
@@ -685,7 +663,7 @@ class Scheduler:
             self._reported[key] = message
             for pod in pods:
                 await self._events.emit(
-                    _reference(pod),
+                    pod,
                     "FailedScheduling",
                     message,
                     action="Scheduling",
