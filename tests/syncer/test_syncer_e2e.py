@@ -278,6 +278,7 @@ async def test_the_node_lock_taint_follows_a_running_job(
         obj = await kube.get(Node, node)
         return any(t.key == TAINT_NODE_LOCK for t in (obj.spec.taints if obj.spec else []) or [])
 
+    before = await kube.get(Pod, slurm_node, namespace=sync_bed.bed.namespace)
     async with syncing(kube, sync_bed):
         out = await asyncio.to_thread(
             sync_bed.bed.cluster.run,
@@ -298,6 +299,13 @@ async def test_the_node_lock_taint_follows_a_running_job(
             )
         ).stdout
         assert "FAILED" not in state
+    # The slurmd pod tolerates the lock, as a NodeSet pod does: the taint-eviction
+    # controller must not have removed it under the job.
+    after = await kube.get(Pod, slurm_node, namespace=sync_bed.bed.namespace)
+    assert before.metadata is not None
+    assert after.metadata is not None
+    assert after.metadata.uid == before.metadata.uid
+    assert after.metadata.deletionTimestamp is None
 
 
 async def test_the_slurm_node_comment_names_its_pod(kube: AsyncClient, sync_bed: SyncBed) -> None:
@@ -381,16 +389,63 @@ async def test_a_slurmrestd_outage_pauses_the_syncer_until_it_returns(
         await wait_drain(sync_bed, slurm_node, None, "the uncordon to resume it")
 
 
-def slurmd_pid(name: str) -> int:
-    """The slurmd process of the slurmd pod `name` (slurmd -D -Z -N <name> ...)."""
+def slurmd_pids(name: str) -> list[int]:
+    """The slurmd processes of the slurmd pod `name` (slurmd -D -Z -N <name> ...)."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             if argv[0].endswith(b"slurmd") and name.encode() in argv:
-                return int(entry.name)
-    raise AssertionError(f"no slurmd process for {name}")
+                found.append(int(entry.name))
+    return found
+
+
+def slurmd_pid(name: str) -> int:
+    pids = slurmd_pids(name)
+    if len(pids) != 1:
+        raise AssertionError(f"slurmd processes for {name}: {pids}, not one")
+    return pids[0]
+
+
+def process_state(pid: int) -> str:
+    """R, S, T (stopped)… from /proc/<pid>/stat; '?' once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+async def bed_report(kube: AsyncClient, sb: SyncBed, nodes: list[str]) -> str:
+    """What a failed test needs to tell a dead slurmd from a lost drain: per node,
+    Slurm's view, the pod's phase and restarts, slurmd's processes and its log's tail."""
+    lines = []
+    for node in nodes:
+        name = sb.pods[node]
+        fields = await asyncio.to_thread(scontrol_node, sb, name)
+        slurm = {k: fields.get(k, "") for k in ("State", "Reason", "NodeAddr", "LastBusyTime")}
+        try:
+            pod = await kube.get(Pod, name, namespace=sb.bed.namespace)
+            statuses = (pod.status.containerStatuses if pod.status else None) or []
+            kube_side = (
+                f"phase {pod.status.phase if pod.status else '?'}, ip "
+                f"{pod.status.podIP if pod.status else '?'}, restarts "
+                f"{[s.restartCount for s in statuses]}, deleting "
+                f"{bool(pod.metadata and pod.metadata.deletionTimestamp)}"
+            )
+        except Exception as error:  # a report must not fail
+            kube_side = f"pod unreadable: {error}"
+        pids = slurmd_pids(name)
+        try:
+            tail = "\n      ".join(sb.bed.log(name).splitlines()[-15:])
+        except Exception as error:
+            tail = f"(no log: {error})"
+        lines.append(
+            f"{node}: slurm {slurm}; pod {kube_side}; slurmd "
+            f"{[(p, process_state(p)) for p in pids]}\n    log tail:\n      {tail}"
+        )
+    return "\n".join(lines)
 
 
 async def test_a_hung_slurmd_shows_as_not_responding_on_kubernetes(
@@ -593,7 +648,10 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
         settle_deadline = time.monotonic() + 120
         while broken := await invariants():
             if time.monotonic() > settle_deadline:
-                raise AssertionError(f"seed {seed}: invariants broken: {broken}; steps: {done}")
+                report = await bed_report(kube, sync_bed, bed.nodes)
+                raise AssertionError(
+                    f"seed {seed}: invariants broken: {broken}; steps: {done}\n{report}"
+                )
             await asyncio.sleep(0.25)
         print(f"chaos: invariants hold {time.monotonic() - settle_started:.1f}s after the end")
     finally:

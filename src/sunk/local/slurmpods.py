@@ -12,7 +12,10 @@ slurmctld (which runs on the host, reachable at the runtime's gateway):
   with the owner and mode munged insists on;
 - slurmd runs configless (`-Z --conf-server slurmctld:PORT`) as a dynamic node
   named after the pod, with its spool in an emptyDir; its readiness is a TCP
-  probe on slurmd's port.
+  probe on slurmd's port;
+- it tolerates what a NodeSet pod tolerates, sunk's node-lock taint among
+  them: without that, a job's NoExecute lock has kube-controller-manager
+  evict the slurmd under the job.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 from typing import Any
+
+from sunk.nodeset.pods import DAEMON_TOLERATIONS
 
 SLURMD_PORT = 6818
 # munge's user and group in the root filesystem (fixed by install-slurm.sh).
@@ -147,6 +152,7 @@ def slurmd_pod(
             {"name": "munge-run", "emptyDir": {}},
             {"name": "spool", "emptyDir": {}},
         ],
+        "tolerations": [t.to_dict() for t in DAEMON_TOLERATIONS],
     }
     if node is not None:
         spec["nodeName"] = node
