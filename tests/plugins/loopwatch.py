@@ -3,7 +3,9 @@
 The local runtime, the in-process controllers and the tests share one event
 loop. When it falls behind, polls go stale and heartbeats are late, and a test
 fails far from the cause; the summary at the end of the run shows which module
-held the loop up and which tasks it left behind.
+held the loop up and which tasks it left behind. A synchronous test or fixture
+(one that runs a CLI, say) pauses the loop for its whole length, and counts as
+lag too: nothing in the loop runs meanwhile.
 """
 
 from __future__ import annotations

@@ -197,7 +197,13 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
         assert (
             registry.get_sample_value("sunk_syncer_actions_total", {"kind": "resume"}) or 0
         ) >= 1
-        assert registry.get_sample_value("sunk_syncer_slurm_view_fresh") == 1
+
+        # The gauge is set by each sync: a read that fails right after a change (a
+        # 24.11 defect) can leave it at 0 until the next poll's resync.
+        async def fresh() -> bool:
+            return registry.get_sample_value("sunk_syncer_slurm_view_fresh") == 1
+
+        await wait_for("the view-fresh gauge", fresh, timeout=10)
         assert (registry.get_sample_value("sunk_syncer_reconcile_seconds_count") or 0) > 0
         assert (registry.get_sample_value("sunk_syncer_slurm_requests") or 0) > 0
         assert registry.get_sample_value("sunk_syncer_write_wait_seconds", {"api": "slurm"}) == 0
@@ -212,7 +218,7 @@ async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
     cluster = sync_bed.bed.cluster
     await asyncio.to_thread(admin_update, cluster, slurm_node, "state=drain", f"reason={reason}")
     try:
-        async with syncing(kube, sync_bed):
+        async with syncing(kube, sync_bed) as syncer:
 
             async def mirrored() -> bool:
                 obj = await kube.get(Node, node)
@@ -248,7 +254,10 @@ async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
             async def told() -> bool:
                 return "SlurmDrained" in await events_about(kube, "default", node)
 
-            await wait_for("an Event about the Slurm drain", told, timeout=30)
+            try:
+                await wait_for("an Event about the Slurm drain", told, timeout=30)
+            except AssertionError as missing:
+                raise AssertionError(f"{missing}; recorder {syncer._events.stats}") from None
             # A cordon and uncordon do not take it over, and do not resume it.
             await kube.patch(
                 Node, node, {"spec": {"unschedulable": True}}, patch_type=PatchType.MERGE
