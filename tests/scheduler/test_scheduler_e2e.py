@@ -622,3 +622,39 @@ async def test_an_orphan_job_is_cancelled(kube: AsyncClient, sched_bed: SchedBed
             await wait_for("the orphan to be cancelled", lambda: job_ended(sb, orphan), timeout=30)
     finally:
         await sb.aslurm("scancel", orphan)
+
+
+async def test_a_pod_stops_its_grace_period_before_its_time_limit(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    """An allocation ends at its time limit with nothing to wait for: the pod is
+    evicted its grace period before, and the job is ended once the pod is gone,
+    never by the limit (TIMEOUT) while the pod may still run."""
+    sb = sched_bed
+    grace = 8
+    async with scheduling(kube, sb):
+        body = pod_body(sb, "timed", annotations={ANNOTATION_TIME_LIMIT: "1"}, grace=grace)
+        await kube.create(body)
+        await wait_for_bound(kube, sb, "timed")
+        job_id = job_of(await get_pod(kube, sb, "timed"))
+        fields = await sb.job_fields(job_id)
+        assert fields["TimeLimit"] == "00:01:00"
+        started = asyncio.get_running_loop().time()
+
+        async def evicted() -> bool:
+            pod = await get_pod(kube, sb, "timed")
+            return pod is None or bool(pod.metadata and pod.metadata.deletionTimestamp)
+
+        await wait_for("the pod to be evicted before the time limit", evicted, timeout=75)
+        took = asyncio.get_running_loop().time() - started
+        print(f"bound → evicted for the time limit in {took:.1f}s (limit 60 s, grace {grace} s)")
+        assert took < 60 - grace + 5
+        assert any("time limit" in (e.message or "") for e in await events_for(kube, sb, "timed"))
+        await wait_for("the pod to be gone", lambda: pod_gone(kube, sb, "timed"), timeout=30)
+        # Gone: the scheduler ends the job before Slurm's limit would.
+        await wait_for("the job to end", lambda: job_ended(sb, job_id), timeout=20)
+        assert (await sb.job_fields(job_id)).get("JobState") == "CANCELLED"
+
+
+async def pod_gone(kube: AsyncClient, sb: SchedBed, name: str) -> bool:
+    return await get_pod(kube, sb, name) is None
