@@ -76,3 +76,15 @@ async def test_every_rendered_object_passes_a_server_side_dry_run(
             raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {error}") from error
     if values.parent.parent.name == "slurm":
         assert {"StatefulSet", "NodeSet", "Job", "ConfigMap", "Secret"} <= kinds
+
+
+def test_busy_slurmd_pods_have_a_disruption_budget_that_can_be_turned_off(helm: Helm) -> None:
+    def budgets(*args: str) -> list[dict[str, Any]]:
+        out = helm.run(["template", "rel", str(CHARTS / "slurm"), *args])
+        return [d for d in yaml.safe_load_all(out) if d and d["kind"] == "PodDisruptionBudget"]
+
+    (budget,) = budgets()
+    labels = budget["spec"]["selector"]["matchLabels"]
+    assert labels["sunk.dev/slurm-busy"] == "true"
+    assert labels["app.kubernetes.io/component"] == "slurmd"
+    assert budgets("--set", "busyNodeBudget=false") == []

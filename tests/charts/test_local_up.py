@@ -21,12 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lightkube import ApiError
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from plugins.local import wait_for
 from sunk.local.system import pids_rooted_at
+from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk.testbed.kube import async_client
 
 pytestmark = pytest.mark.testbed
@@ -121,5 +123,50 @@ async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: P
             return out.strip() not in ("RUNNING", "PENDING")
 
         await wait_for("the pod's Slurm job to end", job_ended, timeout=60)
+    finally:
+        await kube.close()
+
+
+async def test_an_eviction_waits_for_the_nodes_slurm_job(cluster: Path) -> None:
+    """What `kubectl drain` does after its cordon: evict the node's pods. The chart's
+    PodDisruptionBudget refuses it for a slurmd whose node runs a job (the syncer's
+    busy label), and lets it through once the job is done."""
+    summary = json.loads((cluster / "bed.json").read_text())
+    kube = async_client(Path(summary["kubernetes"]["kubeconfig"]), field_manager="test")
+    namespace = "slurm"
+    try:
+        pods = [
+            p
+            async for p in kube.list(
+                Pod, namespace=namespace, labels={"app.kubernetes.io/component": "slurmd"}
+            )
+        ]
+        slurmd = pods[0]
+        assert slurmd.metadata is not None
+        assert slurmd.spec is not None
+        name = slurmd.metadata.name or ""
+        slurm_node = f"compute-{slurmd.spec.nodeName}"
+        job = (
+            await asyncio.to_thread(
+                ssh, cluster, f"sbatch --parsable -w {slurm_node} --wrap 'sleep 20'"
+            )
+        ).strip()
+
+        async def labelled(value: str) -> bool:
+            pod = await kube.get(Pod, name, namespace=namespace)
+            return bool(pod.metadata and (pod.metadata.labels or {}).get(LABEL_SLURM_BUSY) == value)
+
+        await wait_for("the slurmd pod labelled busy", lambda: labelled("true"), timeout=60)
+        eviction = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        with pytest.raises(ApiError) as refused:
+            await kube.create(eviction, name=name, namespace=namespace)
+        assert refused.value.status.code == 429, refused.value.status
+        state = await asyncio.to_thread(ssh, cluster, f"squeue -h -j {job} -o %T")
+        assert state.strip() == "RUNNING", state
+
+        await wait_for("the job to end and the label to follow", lambda: labelled("false"), 90)
+        await kube.create(eviction, name=name, namespace=namespace)
+        out = await asyncio.to_thread(ssh, cluster, f"sacct -n -X -j {job} -o State")
+        assert "COMPLETED" in out, out
     finally:
         await kube.close()

@@ -11,6 +11,7 @@ from sunk.syncer.decide import (
     ANNOTATION_SLURM_REASON,
     ANNOTATION_SLURM_STATE,
     CORDON_REASON_ANNOTATION,
+    LABEL_SLURM_BUSY,
     LABEL_SLURM_DRAIN,
     Drain,
     KubeNodeState,
@@ -114,7 +115,9 @@ def test_slurm_state_shows_on_kubernetes_and_origin_is_told_apart() -> None:
         ANNOTATION_SLURM_STATE: "ALLOCATED+DRAIN",
         ANNOTATION_SLURM_REASON: ADMIN,
     }
-    assert admin.labels == {LABEL_SLURM_DRAIN: "true"}
+    assert admin.labels == {LABEL_SLURM_DRAIN: "true", LABEL_SLURM_BUSY: "true"}
+    idle = decide(node(), pod(), slurm())
+    assert idle.labels == {LABEL_SLURM_DRAIN: "false", LABEL_SLURM_BUSY: "false"}
     conditions = {c.type: c for c in admin.conditions}
     assert conditions["SlurmDrain"].status == "True"
     assert conditions["SlurmDrain"].reason == "SlurmDrain"  # began in Slurm
@@ -151,6 +154,7 @@ def test_a_node_without_slurm_loses_its_mirror_and_lock() -> None:
     assert result.slurm == []
     assert result.taint == SetTaint(False, "NoExecute")
     assert result.annotations == {ANNOTATION_SLURM_STATE: None, ANNOTATION_SLURM_REASON: None}
+    assert result.labels == {LABEL_SLURM_DRAIN: None, LABEL_SLURM_BUSY: None}
 
 
 def test_the_slurm_comment_names_the_pod() -> None:

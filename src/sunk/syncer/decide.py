@@ -15,8 +15,9 @@ or resumed.
 Slurm → Kubernetes. The Slurm state shows on the node and its slurmd pod
 as an annotation with the reason, conditions (SlurmDrain, SlurmDown,
 SlurmNotResponding, SlurmAllocated, and SlurmSynced saying whether they are
-current), a label tools can select on, and the node-lock taint while a job
-runs. The Slurm node's comment names the pod, for `scontrol show node`.
+current), labels tools and PodDisruptionBudgets can select on (drained; busy
+while a job runs or completes), and the node-lock taint while a job runs.
+The Slurm node's comment names the pod, for `scontrol show node`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ CORDON_REASON_ANNOTATION = f"{DOMAIN}/cordon-reason"
 ANNOTATION_SLURM_STATE = f"{DOMAIN}/slurm-state"
 ANNOTATION_SLURM_REASON = f"{DOMAIN}/slurm-reason"
 LABEL_SLURM_DRAIN = f"{DOMAIN}/slurm-drain"  # "true" | "false", for PDBs and tools
+# "true" while a job runs or completes on the node: the chart's PodDisruptionBudget
+# keeps such a slurmd from eviction, so `kubectl drain` waits for the jobs.
+LABEL_SLURM_BUSY = f"{DOMAIN}/slurm-busy"
 # True while the Slurm* conditions are current; False while Slurm cannot be read.
 CONDITION_SYNCED = "SlurmSynced"
 
@@ -144,7 +148,7 @@ def decide(
     if slurm is None:
         # Not (yet) a Slurm node: nothing to mirror, and any old mirror goes.
         decision.annotations = {ANNOTATION_SLURM_STATE: None, ANNOTATION_SLURM_REASON: None}
-        decision.labels = {LABEL_SLURM_DRAIN: None}
+        decision.labels = {LABEL_SLURM_DRAIN: None, LABEL_SLURM_BUSY: None}
         if _has_lock(node):
             decision.taint = SetTaint(False, lock_effect)
         return decision
@@ -172,7 +176,10 @@ def decide(
         if slurm.drained or slurm.base_state == "DOWN"
         else None,
     }
-    decision.labels = {LABEL_SLURM_DRAIN: "true" if slurm.drained else "false"}
+    decision.labels = {
+        LABEL_SLURM_DRAIN: _label(slurm.drained),
+        LABEL_SLURM_BUSY: _label(slurm.busy),
+    }
     origin = "SunkDrain" if slurm.reason.startswith("sunk/") else "SlurmDrain"
     decision.conditions = [
         Condition(
@@ -198,6 +205,10 @@ def decide(
 
 def _bool(value: bool) -> str:
     return "True" if value else "False"
+
+
+def _label(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def _has_lock(node: KubeNodeState) -> bool:
