@@ -63,6 +63,12 @@ USER = charts.User("alice", 2000, "")
 COMPUTE_NODES = 3
 STATE_CLAIM = "ctld-state"
 JOBSCRIPTS_LOG = "/home/jobscripts.log"
+HEALTH_CHECK = """#!/bin/sh
+if [ -e "/home/unhealthy-$(hostname)" ]; then
+  echo "GPU 3 fell off the bus"
+  exit 1
+fi
+"""
 
 
 @dataclass
@@ -154,6 +160,11 @@ async def bed(
     # Job scripts run by run-parts on the compute pods, as root; /home is shared.
     values["prolog"] = {"10-record": f"#!/bin/sh\necho prolog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
     values["epilog"] = {"90-record": f"#!/bin/sh\necho epilog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
+    # A health check that fails on a node while /home holds a marker naming it.
+    values["healthCheck"] = {
+        "interval": 2,
+        "scripts": {"10-marker": HEALTH_CHECK},
+    }
     operator: asyncio.Task[None] | None = None
     try:
         await runtime.start()
@@ -292,6 +303,29 @@ async def test_sbatch_runs_to_completion_and_sacct_shows_it(bed: ChartBed) -> No
 async def test_srun_on_three_nodes_prints_three_names(bed: ChartBed) -> None:
     out = (await bed.ssh(f"srun -N{COMPUTE_NODES} hostname")).stdout.split()
     assert sorted(out) == sorted(bed.compute_nodes)
+
+
+async def test_a_failing_health_check_drains_its_idle_node_until_it_passes(bed: ChartBed) -> None:
+    node = bed.compute_nodes[0]
+    marker = bed.state / "home" / f"unhealthy-{node}"
+    marker.touch()
+    try:
+        await bed.poll_ssh(
+            "the health check to drain the node with its reason",
+            f"scontrol -o show node {node}",
+            r"State=\S*DRAIN.* Reason=healthcheck: 10-marker: GPU 3 fell off the bus \[",
+            60,
+        )
+    except TimeoutError as late:
+        shown = (await bed.ssh(f"scontrol -o show node {node}", check=False)).stdout
+        logs = sorted(bed.runtime.pods_dir().glob(f"*_{node}_*/logs/slurmd/*"))
+        tail = logs[-1].read_text(errors="replace")[-2000:] if logs else "(no slurmd log)"
+        raise AssertionError(f"{late}\n{shown}\nslurmd log:\n{tail}") from None
+    finally:
+        marker.unlink()
+    await bed.poll_ssh(
+        "the health check to resume the node", f"sinfo -h -n {node} -o %t", r"^idle\n", 60
+    )
 
 
 async def test_a_config_change_reaches_slurm_without_restarting_any_pod(bed: ChartBed) -> None:

@@ -54,6 +54,11 @@ Prolog=/etc/slurm-jobscripts/prolog
 {{- with .Values.epilog }}
 Epilog=/etc/slurm-jobscripts/epilog
 {{- end }}
+{{- with .Values.healthCheck.scripts }}
+HealthCheckProgram=/etc/slurm-jobscripts/healthcheck
+HealthCheckInterval={{ $.Values.healthCheck.interval }}
+HealthCheckNodeState={{ $.Values.healthCheck.nodeState }}
+{{- end }}
 {{- range $key, $value := .Values.slurmConfig }}
 {{ $key }}={{ $value }}
 {{- end }}

@@ -149,3 +149,8 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- .generate | b64enc -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Whether the compute pods mount the job-scripts ConfigMap (prolog, epilog, health checks). */}}
+{{- define "slurm.jobscripts" -}}
+{{- if or .Values.prolog .Values.epilog .Values.healthCheck.scripts }}true{{- end -}}
+{{- end -}}
