@@ -69,6 +69,19 @@ if [ -e "/home/unhealthy-$(hostname)" ]; then
   exit 1
 fi
 """
+# The e2e user is no Slurm admin; this root script on the node stands in for a
+# person with scontrol (state=drain or state=resume, when a marker says so).
+ADMIN_BY_MARKER = """#!/bin/sh
+node=$(hostname)
+for marker in /home/admin-*-"$node"; do
+  [ -e "$marker" ] || continue
+  action=${marker#/home/admin-}
+  action=${action%-"$node"}
+  rm -f "$marker"
+  scontrol update nodename="$node" state="$action" reason="bad DIMM, ticket 42"
+done
+"""
+ADMIN_REASON = "bad DIMM, ticket 42"
 
 
 @dataclass
@@ -163,7 +176,7 @@ async def bed(
     # A health check that fails on a node while /home holds a marker naming it.
     values["healthCheck"] = {
         "interval": 2,
-        "scripts": {"10-marker": HEALTH_CHECK},
+        "scripts": {"05-admin": ADMIN_BY_MARKER, "10-marker": HEALTH_CHECK},
     }
     operator: asyncio.Task[None] | None = None
     try:
@@ -326,6 +339,32 @@ async def test_a_failing_health_check_drains_its_idle_node_until_it_passes(bed: 
     await bed.poll_ssh(
         "the health check to resume the node", f"sinfo -h -n {node} -o %t", r"^idle\n", 60
     )
+
+
+async def test_the_health_check_leaves_a_persons_drain_alone(bed: ChartBed) -> None:
+    node = bed.compute_nodes[1]
+    home = bed.state / "home"
+
+    async def reason_stays(seconds: float) -> None:
+        deadline = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < deadline:
+            shown = (await bed.ssh(f"scontrol -o show node {node}")).stdout
+            assert f"Reason={ADMIN_REASON} [" in shown, shown
+            await asyncio.sleep(1)
+
+    (home / f"admin-drain-{node}").touch()
+    await bed.poll_ssh(
+        "the person's drain", f"scontrol -o show node {node}", rf"Reason={ADMIN_REASON} \[", 60
+    )
+    marker = home / f"unhealthy-{node}"
+    marker.touch()
+    try:
+        await reason_stays(8)  # four health-check passes: not overwritten
+    finally:
+        marker.unlink()
+    await reason_stays(8)  # and not resumed once the checks pass
+    (home / f"admin-resume-{node}").touch()
+    await bed.poll_ssh("the person's resume", f"sinfo -h -n {node} -o %t", r"^idle\n", 60)
 
 
 async def test_a_config_change_reaches_slurm_without_restarting_any_pod(bed: ChartBed) -> None:
