@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
+from lightkube.models.core_v1 import PodCondition, PodStatus
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Pod
 
 from sunk.api import TAINT_NODE_LOCK
+from sunk.syncer.controller import pod_state
 from sunk.syncer.decide import (
     ANNOTATION_SLURM_REASON,
     ANNOTATION_SLURM_STATE,
     CORDON_REASON_ANNOTATION,
     LABEL_SLURM_BUSY,
     LABEL_SLURM_DRAIN,
+    NOT_READY_GRACE,
     Drain,
     KubeNodeState,
     Resume,
@@ -67,6 +73,7 @@ def slurm(**kw: Any) -> SlurmState:
             "sunk/syncer: node condition GPUUnhealthy: XID 79 on GPU 3",
         ),
         (node(), pod(ready=False), "sunk/syncer: slurmd pod gpu-n1 not ready"),
+        (node(), pod(ready=False, not_ready_for=2.0), None),  # starting
         (node(), pod(terminating=True), "sunk/syncer: slurmd pod gpu-n1 terminating"),
         (node(), pod(), None),
         (node(), None, None),
@@ -174,3 +181,27 @@ def test_the_mirror_says_whether_it_is_current() -> None:
     assert [(c.type, c.status, c.reason) for c in paused.conditions] == [
         ("SlurmSynced", "False", "SlurmStale")
     ]
+
+
+def test_a_starting_slurmd_pod_is_not_drained_before_the_grace_but_rechecked() -> None:
+    # slurmd registers before its readiness probe first passes: a drain then
+    # would flap every node at every start and update.
+    starting = decide(node(), pod(ready=False, not_ready_for=3.0), slurm())
+    assert starting.slurm == []
+    assert starting.recheck_after == NOT_READY_GRACE - 3.0
+    failing = decide(node(), pod(ready=False, not_ready_for=NOT_READY_GRACE), slurm())
+    assert failing.slurm == [Drain("sunk/syncer: slurmd pod gpu-n1 not ready")]
+    assert decide(node(), pod(), slurm()).recheck_after is None
+
+
+def test_how_long_a_pod_has_been_not_ready_comes_from_its_ready_condition() -> None:
+    now = datetime.datetime(2026, 11, 22, 9, 0, 10, tzinfo=datetime.UTC)
+    since = now - datetime.timedelta(seconds=4)
+    not_ready = Pod(
+        metadata=ObjectMeta(name="gpu-n1", namespace="hpc"),
+        status=PodStatus(
+            conditions=[PodCondition(type="Ready", status="False", lastTransitionTime=since)]
+        ),
+    )
+    assert pod_state(not_ready, now).not_ready_for == 4.0
+    assert pod_state(Pod(metadata=ObjectMeta(name="x")), now).not_ready_for == float("inf")

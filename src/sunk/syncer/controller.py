@@ -93,13 +93,22 @@ def kube_node_state(node: Node, watched_conditions: Sequence[str]) -> KubeNodeSt
     )
 
 
-def pod_state(pod: Pod) -> SlurmdPodState:
+def pod_state(pod: Pod, now: datetime.datetime | None = None) -> SlurmdPodState:
+    ready = pod_ready(pod)
+    not_ready_for = 0.0 if ready else float("inf")
+    if not ready:
+        conditions = (pod.status.conditions if pod.status else None) or []
+        since = next((c.lastTransitionTime for c in conditions if c.type == "Ready"), None)
+        if since is not None:
+            now = now or datetime.datetime.now(datetime.UTC)
+            not_ready_for = max(0.0, (now - since).total_seconds())
     return SlurmdPodState(
         name=(pod.metadata.name if pod.metadata else None) or "",
-        ready=pod_ready(pod),
+        ready=ready,
         terminating=bool(pod.metadata and pod.metadata.deletionTimestamp),
         namespace=(pod.metadata.namespace if pod.metadata else None) or "",
         node=(pod.spec.nodeName if pod.spec else None) or "",
+        not_ready_for=not_ready_for,
     )
 
 
@@ -315,6 +324,8 @@ class Syncer:
         await self._apply_slurm(node, pod_state(pod).name, decision)
         await self._mirror_on_node(node, decision)
         await self._mirror_on_pod(pod, decision)
+        if decision.recheck_after is not None:
+            return Result(requeue_after=decision.recheck_after + 0.05)
         return None
 
     async def _apply_slurm(self, node: Node, slurm_name: str, decision: Decision) -> None:

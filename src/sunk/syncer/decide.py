@@ -37,6 +37,9 @@ LABEL_SLURM_DRAIN = f"{DOMAIN}/slurm-drain"  # "true" | "false", for PDBs and to
 LABEL_SLURM_BUSY = f"{DOMAIN}/slurm-busy"
 # True while the Slurm* conditions are current; False while Slurm cannot be read.
 CONDITION_SYNCED = "SlurmSynced"
+# A slurmd pod not Ready for less than this is starting (slurmd registers before
+# its readiness probe first passes), not failing: no drain yet, a recheck instead.
+NOT_READY_GRACE = 10.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class SlurmdPodState:
     terminating: bool
     namespace: str = ""
     node: str = ""
+    # Seconds since the pod's Ready condition turned False (inf when unknown).
+    not_ready_for: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class Decision:
     annotations: dict[str, str | None] = field(default_factory=dict)  # None: remove
     labels: dict[str, str | None] = field(default_factory=dict)
     conditions: list[Condition] = field(default_factory=list)
+    recheck_after: float | None = None  # seconds; a cause may start by then
 
 
 def cause(node: KubeNodeState, pod: SlurmdPodState | None) -> str | None:
@@ -122,7 +128,7 @@ def cause(node: KubeNodeState, pod: SlurmdPodState | None) -> str | None:
         return f"{REASON_PREFIX} node condition {kind}" + (f": {message}" if message else "")
     if pod is not None and pod.terminating:
         return f"{REASON_PREFIX} slurmd pod {pod.name} terminating"
-    if pod is not None and not pod.ready:
+    if pod is not None and not pod.ready and pod.not_ready_for >= NOT_READY_GRACE:
         return f"{REASON_PREFIX} slurmd pod {pod.name} not ready"
     return None
 
@@ -155,6 +161,8 @@ def decide(
 
     # Kubernetes → Slurm.
     wanted = cause(node, pod)
+    if wanted is None and pod is not None and not pod.ready:
+        decision.recheck_after = max(0.0, NOT_READY_GRACE - pod.not_ready_for)
     ours = slurm.drained and slurm.reason.startswith(REASON_PREFIX)
     if wanted is not None:
         if not slurm.drained or (ours and slurm.reason != wanted):
