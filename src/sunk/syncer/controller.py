@@ -285,7 +285,7 @@ class Syncer:
             return
         counts: dict[tuple[str, str], int] = {}
         for pod in self._pods.items():
-            node = self._view.node(pod_state(pod).name)
+            node = self._view.node((pod.metadata.name if pod.metadata else None) or "")
             if node is not None:
                 key = (node.base_state, "true" if node.draining else "false")
                 counts[key] = counts.get(key, 0) + 1
@@ -314,14 +314,15 @@ class Syncer:
             await self._mirror_on_pod(pod, decision)
             return Result(requeue_after=STALE_RECHECK)
         await self._note_fresh()
-        slurm_node = self._view.node(pod_state(pod).name)
+        slurmd = pod_state(pod)
+        slurm_node = self._view.node(slurmd.name)
         decision = decide(
             kube_node_state(node, self._watched),
-            pod_state(pod),
+            slurmd,
             slurm_state(slurm_node) if slurm_node is not None else None,
             lock_effect=self._lock_effect,
         )
-        await self._apply_slurm(node, pod_state(pod).name, decision)
+        await self._apply_slurm(node, slurmd.name, decision)
         await self._mirror_on_node(node, decision)
         await self._mirror_on_pod(pod, decision)
         if decision.recheck_after is not None:
