@@ -17,6 +17,7 @@ from lightkube import AsyncClient, codecs
 
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
+from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk.testbed.helm import CHARTS, Helm, ensure_helm
 
 pytestmark = pytest.mark.testbed
@@ -85,6 +86,6 @@ def test_busy_slurmd_pods_have_a_disruption_budget_that_can_be_turned_off(helm: 
 
     (budget,) = budgets()
     labels = budget["spec"]["selector"]["matchLabels"]
-    assert labels["sunk.dev/slurm-busy"] == "true"
+    assert labels[LABEL_SLURM_BUSY] == "true"  # the label the syncer writes
     assert labels["app.kubernetes.io/component"] == "slurmd"
     assert budgets("--set", "busyNodeBudget=false") == []
