@@ -1,0 +1,3 @@
+module sunk.test/pause
+
+go 1.22
