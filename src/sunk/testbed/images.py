@@ -1,0 +1,576 @@
+"""sunk's container images, built on this machine and served by a local registry.
+
+The images under `images/` are ordinary Dockerfiles (`FROM debian:trixie-slim`).
+Here they are built without Docker: `testbed/images/base.sh` debootstraps a
+minbase trixie and slims it like Debian's official -slim image; that tarball
+is imported into buildah's storage as `docker.io/library/debian:trixie-slim`,
+so `buildah bud --pull=never` resolves the unchanged `FROM` line to it. Two
+more images are single static binaries: the pod sandbox's `pause` (Go, from
+`testbed/images/pause`) and `coredns` (a binary the node build makes).
+
+Every tag is a hash of what went into the image, so an unchanged input is a
+cache hit that costs a few file reads, and a change is a new tag. Images are
+pushed into a registry storage directory in the cache by a temporary
+`docker-registry`; a bed serves that directory with `Registry`, read-only,
+and its nodes pull `registry.sunk.test/sunk/NAME:TAG` from it.
+
+Everything lives under `cache_dir()/"images"` (buildah's storage, the base
+tarball, temporary files) and `cache_dir()/"registry"` (what nodes pull).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from sunk.testbed.kube import _locked, build_log, build_once
+from sunk.testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
+from sunk.testbed.procs import Supervisor, free_port, tail
+
+# The name under which nodes reach the registry (each node's containerd maps
+# it to the bed's 127.0.0.1:PORT), so image refs do not carry a port.
+REGISTRY_HOST = "registry.sunk.test"
+
+SUITE = "trixie"
+BASE_NAME = f"docker.io/library/debian:{SUITE}-slim"
+# buildah keeps images built here under this prefix; the registry drops it.
+LOCAL_PREFIX = "localhost/"
+GO = Path("/usr/local/go/bin/go")
+
+# Bumped whenever how images are built changes (flags, base slimming), so every
+# machine gets new tags instead of reusing images built the old way.
+BUILD_REVISION = 1
+
+# Process isolation for RUN steps: "oci" (runc, own namespaces, as Docker does)
+# works here as root; "chroot" would too but shares the host's /dev.
+ISOLATION = "oci"
+
+Log = Callable[[str], None]
+_log = logging.getLogger(__name__)
+
+
+def images_dir() -> Path:
+    return cache_dir() / "images"
+
+
+def registry_storage() -> Path:
+    """The registry's storage: what every bed's registry serves."""
+    return cache_dir() / "registry"
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image as pushed to the registry storage."""
+
+    repository: str  # "sunk/slurm"
+    tag: str  # hash of the inputs
+    digest: str  # "sha256:…" of the manifest
+
+    @property
+    def ref(self) -> str:
+        """How nodes name it: `registry.sunk.test/sunk/slurm:TAG`."""
+        return self.ref_at(REGISTRY_HOST)
+
+    def ref_at(self, address: str) -> str:
+        """The same image at another registry address, e.g. `127.0.0.1:PORT`."""
+        return f"{address}/{self.repository}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    slurm: Image
+    login: Image
+    sunk: Image
+    pause: Image
+    coredns: Image | None = None
+
+    def all(self) -> list[Image]:
+        images = [getattr(self, f.name) for f in fields(self)]
+        return [image for image in images if image is not None]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+# --------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What one image is made of: its inputs (hashed into the tag) and how to build it."""
+
+    key: str  # field of ImageSet
+    repository: str
+    kind: str  # "dockerfile" (buildah bud), "pause" (built from Go), "binary" (inputs[0])
+    inputs: tuple[Path, ...]  # repo-relative paths, or the absolute path of a binary
+    dockerfile: Path | None = None
+    entrypoint: str = ""
+    user: str = ""
+
+    def tag(self, base_sha: str) -> str:
+        digest = hashlib.sha256(f"r{BUILD_REVISION} {ISOLATION} {self.kind}\n".encode())
+        digest.update(f"entrypoint {self.entrypoint} user {self.user}\n".encode())
+        if self.dockerfile is not None:
+            digest.update(f"base {base_sha}\n".encode())
+            _hash_file(digest, REPO_ROOT, REPO_ROOT / self.dockerfile)
+        for path in self.inputs:
+            root = path.parent if path.is_absolute() else REPO_ROOT
+            for file in _tree_files(root / path):
+                _hash_file(digest, root, file)
+        return digest.hexdigest()[:16]
+
+
+def _hash_file(digest: hashlib._Hash, root: Path, path: Path) -> None:
+    # Name and executable bit count too: both change what the image contains.
+    executable = os.access(path, os.X_OK)
+    digest.update(f"{path.relative_to(root)} {int(executable)} {path.stat().st_size}\n".encode())
+    digest.update(path.read_bytes())
+
+
+def _tree_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"image input {path} is missing")
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
+
+
+def _specs(coredns: Path | None) -> list[_Spec]:
+    slurm_inputs = (Path("testbed/slurm/install-slurm.sh"),)
+    specs = [
+        _Spec("slurm", "sunk/slurm", "dockerfile", slurm_inputs, Path("images/slurm/Dockerfile")),
+        _Spec(
+            "login", "sunk/slurm-login", "dockerfile", slurm_inputs, Path("images/login/Dockerfile")
+        ),
+        _Spec(
+            "sunk",
+            "sunk/sunk",
+            "dockerfile",
+            (Path("pyproject.toml"), Path("README.md"), Path("src")),
+            Path("images/sunk/Dockerfile"),
+        ),
+        # Kubernetes' own pause image runs as this user too.
+        _Spec(
+            "pause",
+            "sunk/pause",
+            "pause",
+            (Path("testbed/images/pause"),),
+            entrypoint="/pause",
+            user="65535:65535",
+        ),
+    ]
+    if coredns is not None:
+        # Root, so it can bind port 53 without file capabilities.
+        binary = coredns.resolve()
+        specs.append(_Spec("coredns", "sunk/coredns", "binary", (binary,), entrypoint="/coredns"))
+    return specs
+
+
+# --------------------------------------------------------------------------- buildah
+
+
+class _Buildah:
+    """buildah with its storage in the cache, never the machine's default."""
+
+    def __init__(self, log_file: Path) -> None:
+        self.dir = images_dir()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log_file = log_file
+        self.root = self.dir / "storage"
+        driver_file = self.dir / "storage-driver"
+        self.driver = driver_file.read_text().strip() if driver_file.exists() else ""
+        # Transient state (mounts, locks) belongs in /run, which a reboot clears.
+        key = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        self.runroot = Path("/run/sunk/buildah") / key
+        # Large temporary files (layers being committed or pushed) stay in the cache too.
+        self.tmp = self.dir / "tmp"
+        if not self.driver:
+            self.driver = self._probe_driver()
+            driver_file.write_text(self.driver + "\n")
+
+    def argv(self, *args: str, driver: str = "") -> list[str]:
+        return [
+            "buildah",
+            "--root",
+            str(self.root),
+            "--runroot",
+            str(self.runroot),
+            "--storage-driver",
+            driver or self.driver,
+            *args,
+        ]
+
+    def run(self, *args: str, driver: str = "") -> str:
+        """Run buildah; its stdout is returned for short commands (from, inspect)
+        and goes to the log for long ones (bud, push), which print progress."""
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(self.tmp)}
+        long_running = args[0] in ("bud", "push", "add")
+        with self.log_file.open("ab") as sink:
+            sink.write(f"$ buildah {' '.join(args)}\n".encode())
+            sink.flush()
+            result = subprocess.run(
+                self.argv(*args, driver=driver),
+                stdin=subprocess.DEVNULL,
+                stdout=sink if long_running else subprocess.PIPE,
+                stderr=sink,
+                env=env,
+                check=False,
+            )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"buildah {args[0]} failed (see {self.log_file}):\n{tail(self.log_file)}"
+            )
+        return result.stdout.decode().strip() if result.stdout else ""
+
+    def _probe_driver(self) -> str:
+        """overlay if this kernel mounts it for buildah, else vfs (slower, more disk)."""
+        try:
+            container = self.run("from", "scratch", driver="overlay")
+            try:
+                self.run("mount", container, driver="overlay")
+            finally:
+                self.run("rm", container, driver="overlay")
+            return "overlay"
+        except RuntimeError:
+            _log.warning("overlay storage failed here; using vfs (see %s)", self.log_file)
+            shutil.rmtree(self.root, ignore_errors=True)
+            return "vfs"
+
+    def image_config(self, name: str) -> dict[str, Any] | None:
+        """A stored image's OCI config (Cmd, Labels, …), or None when it is not there."""
+        try:
+            out = self.run("inspect", "--type", "image", name)
+        except RuntimeError:
+            return None
+        config: dict[str, Any] = json.loads(out)["OCIv1"].get("config") or {}
+        return config
+
+
+_BASE_LABEL = "test.sunk.rootfs-sha256"
+
+
+def _base_dir() -> Path:
+    """Keyed by what makes the base: the script and the mirror."""
+    mirror = os.environ.get("SUNK_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    script = (SCRIPTS / "images" / "base.sh").read_bytes()
+    key = hashlib.sha256(script + mirror.encode()).hexdigest()[:12]
+    return images_dir() / f"base-{SUITE}-{key}"
+
+
+def _ensure_base_rootfs(log: Log) -> tuple[Path, str]:
+    """The slim root filesystem tarball and its sha256 (built once per key)."""
+    out = _base_dir()
+    if not (out / ".complete").exists():
+        log(f"debootstrapping the {SUITE} base image into {out} (log: {build_log(out)})")
+        build_once(out, [str(SCRIPTS / "images" / "base.sh"), str(out), SUITE], "the base image")
+    return out / "rootfs.tar", (out / "rootfs.sha256").read_text().strip()
+
+
+def _import_base(buildah: _Buildah, tarball: Path, sha: str, log: Log) -> None:
+    """Store the tarball as debian:trixie-slim unless that exact one is stored."""
+    config = buildah.image_config(BASE_NAME) or {}
+    if (config.get("Labels") or {}).get(_BASE_LABEL) == sha:
+        return
+    log(f"importing the base as {BASE_NAME}")
+    container = buildah.run("from", "scratch")
+    try:
+        buildah.run("add", container, str(tarball), "/")
+        buildah.run("config", "--cmd", "bash", "--label", f"{_BASE_LABEL}={sha}", container)
+        buildah.run("commit", "--quiet", container, BASE_NAME)
+    finally:
+        buildah.run("rm", container)
+
+
+def _build_dockerfile(buildah: _Buildah, spec: _Spec, name: str) -> None:
+    assert spec.dockerfile is not None
+    # The context holds exactly the hashed inputs, so the tag says what is in it.
+    with tempfile.TemporaryDirectory(dir=buildah.tmp, prefix="context-") as context:
+        for path in spec.inputs:
+            for file in _tree_files(REPO_ROOT / path):
+                target = Path(context) / file.relative_to(REPO_ROOT)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(file, target)
+        buildah.run(
+            "bud",
+            *_host_trust_for_pip(),
+            "--pull=never",
+            "--layers",  # slurm and login share their Slurm layer; sunk's deps survive src changes
+            "--network",
+            "host",
+            "--isolation",
+            ISOLATION,
+            "--file",
+            str(REPO_ROOT / spec.dockerfile),
+            "--tag",
+            name,
+            context,
+        )
+
+
+def _host_trust_for_pip() -> list[str]:
+    """pip inside RUN steps trusts what this machine trusts (its network may
+    reach PyPI only through a TLS proxy whose CA is in the host's bundle).
+    A bind mount of pip's system-wide config: the image keeps only the empty
+    mount point /etc/xdg/pip, and Dockerfiles need no build argument for it."""
+    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    if not bundle.exists():
+        return []
+    config = images_dir() / "pip"
+    config.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(bundle, config / "host-ca.crt")
+    (config / "pip.conf").write_text("[global]\ncert = /etc/xdg/pip/host-ca.crt\n")
+    return ["--volume", f"{config}:/etc/xdg/pip:ro"]
+
+
+def _build_binary_image(buildah: _Buildah, spec: _Spec, binary: Path, name: str) -> None:
+    """A scratch image of one static binary, its entrypoint."""
+    container = buildah.run("from", "scratch")
+    try:
+        buildah.run("copy", "--chmod", "0755", container, str(binary), spec.entrypoint)
+        config = ["config", "--entrypoint", json.dumps([spec.entrypoint]), "--cmd", ""]
+        if spec.user:
+            config += ["--user", spec.user]
+        buildah.run(*config, container)
+        buildah.run("commit", "--quiet", container, name)
+    finally:
+        buildah.run("rm", container)
+
+
+def build_pause(out_dir: Path) -> Path:
+    """The pause binary, statically linked (CGO off), built from testbed/images/pause."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    binary = out_dir / "pause"
+    env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
+    result = subprocess.run(
+        [str(GO), "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "."],
+        cwd=SCRIPTS / "images" / "pause",
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"building pause failed:\n{result.stdout}{result.stderr}")
+    return binary
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def _registry_config(storage: Path, port: int, *, writable: bool) -> str:
+    # A registry has no other state than its storage; several (a bed's and a
+    # build's) may share one directory. Read-only ones can never change it.
+    return f"""version: 0.1
+log:
+  level: info
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: {json.dumps(str(storage))}
+  delete:
+    enabled: false
+  maintenance:
+    uploadpurging:
+      enabled: false
+    readonly:
+      enabled: {json.dumps(not writable)}
+http:
+  addr: 127.0.0.1:{port}
+  secret: {secrets.token_hex(16)}
+"""
+
+
+class Registry:
+    """Debian's `docker-registry` on 127.0.0.1:<free port>, serving the image cache.
+
+    Its config lives in `<state_dir>/<name>/`; the process is one of the bed's
+    daemons (`Supervisor`), so `stop_all` and a later session stop it too.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        supervisor: Supervisor,
+        *,
+        storage: Path | None = None,
+        writable: bool = False,
+        name: str = "registry",
+    ) -> None:
+        self.name = name
+        self.dir = state_dir / name
+        self.supervisor = supervisor
+        self.storage = storage if storage is not None else registry_storage()
+        self.writable = writable
+        self._record = self.dir / "registry.json"
+
+    @property
+    def address(self) -> str:
+        """`127.0.0.1:PORT` of the running registry."""
+        if self.supervisor.running(self.name) is None:
+            raise RuntimeError(f"{self.name} is not running")
+        port = json.loads(self._record.read_text())["port"]
+        return f"127.0.0.1:{port}"
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start it (or find it running) and return its address once it answers."""
+        if self.supervisor.running(self.name) is not None and self._record.exists():
+            return self.address
+        self.storage.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        config = self.dir / "config.yml"
+        config.touch(mode=0o600)  # it holds the HTTP secret
+        config.write_text(_registry_config(self.storage, port, writable=self.writable))
+        self._record.write_text(json.dumps({"port": port}))
+        self.supervisor.spawn(self.name, ["docker-registry", "serve", str(config)])
+        self.supervisor.wait_ready(
+            self.name, lambda: _answers(port), timeout=timeout, what=f"on port {port}"
+        )
+        return f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.supervisor.stop(self.name)
+
+
+def _answers(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1) as reply:
+        return bool(reply.status == 200)
+
+
+# --------------------------------------------------------------------------- build + push
+
+
+def _pushed_digest(repository: str, tag: str) -> str | None:
+    """The manifest digest the registry storage holds for repository:tag, if any."""
+    link = (
+        registry_storage()
+        / "docker/registry/v2/repositories"
+        / repository
+        / "_manifests/tags"
+        / tag
+        / "current/link"
+    )
+    try:
+        return link.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def ensure_images(log: Log, *, coredns: Path | None = None) -> ImageSet:
+    """Build and push every image whose inputs changed; seconds when none did.
+
+    `coredns` is a static CoreDNS binary to package as `sunk/coredns` (the
+    node build makes it); without it the set has no coredns image. One build
+    at a time per cache: a second caller waits, then finds the images pushed.
+    """
+    tarball, base_sha = _ensure_base_rootfs(log)
+    planned = [(spec, spec.tag(base_sha)) for spec in _specs(coredns)]
+    if any(_pushed_digest(spec.repository, tag) is None for spec, tag in planned):
+        with _locked(images_dir() / "build.lock"):
+            missing = [(s, t) for s, t in planned if _pushed_digest(s.repository, t) is None]
+            if missing:
+                _build_and_push(missing, tarball, base_sha, log)
+    found: dict[str, Image] = {}
+    for spec, tag in planned:
+        digest = _pushed_digest(spec.repository, tag)
+        if digest is None:
+            raise RuntimeError(f"{spec.repository}:{tag} is not in {registry_storage()}")
+        found[spec.key] = Image(spec.repository, tag, digest)
+    images = ImageSet(**found)
+    record = images_dir() / "images.json"
+    partial = record.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(images.to_json())
+    partial.replace(record)
+    return images
+
+
+def _build_and_push(
+    missing: Sequence[tuple[_Spec, str]], tarball: Path, base_sha: str, log: Log
+) -> None:
+    log_file = images_dir() / "build.log"
+    buildah = _Buildah(log_file)
+    if any(spec.kind == "dockerfile" for spec, _ in missing):
+        _import_base(buildah, tarball, base_sha, log)
+    for spec, tag in missing:
+        name = f"{LOCAL_PREFIX}{spec.repository}:{tag}"
+        if buildah.image_config(name) is not None:  # built before, its push did not finish
+            continue
+        log(f"building {spec.repository}:{tag} (log: {log_file})")
+        started = time.monotonic()
+        if spec.kind == "dockerfile":
+            _build_dockerfile(buildah, spec, name)
+        elif spec.kind == "pause":
+            with tempfile.TemporaryDirectory(dir=buildah.tmp, prefix="pause-") as out:
+                _build_binary_image(buildah, spec, build_pause(Path(out)), name)
+        else:
+            _build_binary_image(buildah, spec, spec.inputs[0], name)
+        log(f"built {spec.repository}:{tag} in {time.monotonic() - started:.0f} s")
+    with _temporary_registry(buildah.tmp) as address:
+        for spec, tag in missing:
+            log(f"pushing {spec.repository}:{tag}")
+            buildah.run(
+                "push",
+                "--quiet",
+                "--tls-verify=false",
+                f"{LOCAL_PREFIX}{spec.repository}:{tag}",
+                f"docker://{address}/{spec.repository}:{tag}",
+            )
+
+
+@contextlib.contextmanager
+def _temporary_registry(tmp: Path) -> Iterator[str]:
+    """A writable registry on the cache's storage for as long as a push takes."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tmp, prefix="push-") as state:
+        registry = Registry(Path(state), Supervisor(Path(state)), writable=True)
+        try:
+            yield registry.start()
+        finally:
+            registry.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sunk.testbed.images",
+        description="Build sunk's images with buildah and push them to the cache's registry.",
+    )
+    parser.add_argument("--coredns", type=Path, help="a static CoreDNS binary to package too")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    images = ensure_images(
+        lambda message: print(f"[images] {message}", file=sys.stderr, flush=True),
+        coredns=args.coredns,
+    )
+    for image in images.all():
+        print(image.ref, image.digest)
+    print(f"[images] done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
