@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 # Debian packages: debootstrap builds the Slurm root filesystem; iproute2 and
-# util-linux give the namespaces the test bed and the local nodes run in.
+# util-linux give the namespaces the test bed and the local nodes run in;
+# buildah, runc, skopeo, umoci and docker-registry build, check and serve the
+# container images (sunk.testbed.images).
 need=()
-for pkg in debootstrap iproute2 util-linux ca-certificates curl python3-venv; do
+for pkg in debootstrap iproute2 util-linux ca-certificates curl python3-venv \
+  buildah runc skopeo umoci docker-registry; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
