@@ -21,7 +21,7 @@ import pytest
 
 from sunk.testbed.procs import Supervisor
 
-pytest_plugins = ["plugins.kube", "plugins.slurm", "plugins.loopwatch"]
+pytest_plugins = ["plugins.kube", "plugins.slurm", "plugins.nodes", "plugins.loopwatch"]
 
 
 @pytest.fixture(scope="session")

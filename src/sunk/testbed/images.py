@@ -381,7 +381,7 @@ def build_pause(out_dir: Path) -> Path:
 # --------------------------------------------------------------------------- registry
 
 
-def _registry_config(storage: Path, port: int, *, writable: bool) -> str:
+def _registry_config(storage: Path, host: str, port: int, *, writable: bool) -> str:
     # A registry has no other state than its storage; several (a bed's and a
     # build's) may share one directory. Read-only ones can never change it.
     return f"""version: 0.1
@@ -400,13 +400,16 @@ storage:
     readonly:
       enabled: {json.dumps(not writable)}
 http:
-  addr: 127.0.0.1:{port}
+  addr: {host}:{port}
   secret: {secrets.token_hex(16)}
 """
 
 
 class Registry:
-    """Debian's `docker-registry` on 127.0.0.1:<free port>, serving the image cache.
+    """Debian's `docker-registry` on <host>:<free port>, serving the image cache.
+
+    The host is 127.0.0.1 for the build; a bed's nodes reach it at the host's
+    end of their room's link (`sunk.testbed.nodes`).
 
     Its config lives in `<state_dir>/<name>/`; the process is one of the bed's
     daemons (`Supervisor`), so `stop_all` and a later session stop it too.
@@ -428,37 +431,48 @@ class Registry:
         self.writable = writable
         self._record = self.dir / "registry.json"
 
-    @property
-    def address(self) -> str:
-        """`127.0.0.1:PORT` of the running registry."""
+    def _recorded(self) -> tuple[str, int]:
         if self.supervisor.running(self.name) is None:
             raise RuntimeError(f"{self.name} is not running")
-        port = json.loads(self._record.read_text())["port"]
-        return f"127.0.0.1:{port}"
+        record = json.loads(self._record.read_text())
+        return record.get("host", "127.0.0.1"), int(record["port"])
 
-    def start(self, timeout: float = 30.0) -> str:
+    @property
+    def address(self) -> str:
+        """`HOST:PORT` of the running registry."""
+        host, port = self._recorded()
+        return f"{host}:{port}"
+
+    @property
+    def port(self) -> int:
+        return self._recorded()[1]
+
+    def start(self, timeout: float = 30.0, host: str = "127.0.0.1") -> str:
         """Start it (or find it running) and return its address once it answers."""
         if self.supervisor.running(self.name) is not None and self._record.exists():
-            return self.address
+            if self._recorded()[0] == host:
+                return self.address
+            self.stop()
         self.storage.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         config = self.dir / "config.yml"
         config.touch(mode=0o600)  # it holds the HTTP secret
-        config.write_text(_registry_config(self.storage, port, writable=self.writable))
-        self._record.write_text(json.dumps({"port": port}))
+        config.write_text(_registry_config(self.storage, host, port, writable=self.writable))
+        self._record.write_text(json.dumps({"host": host, "port": port}))
         self.supervisor.spawn(self.name, ["docker-registry", "serve", str(config)])
         self.supervisor.wait_ready(
-            self.name, lambda: _answers(port), timeout=timeout, what=f"on port {port}"
+            self.name, lambda: _answers(host, port), timeout=timeout, what=f"on {host}:{port}"
         )
-        return f"127.0.0.1:{port}"
+        return f"{host}:{port}"
 
     def stop(self) -> None:
         self.supervisor.stop(self.name)
 
 
-def _answers(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1) as reply:
+def _answers(host: str, port: int) -> bool:
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+    with direct.open(f"http://{host}:{port}/v2/", timeout=1) as reply:
         return bool(reply.status == 200)
 
 

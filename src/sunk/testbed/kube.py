@@ -613,12 +613,16 @@ class KubeControlPlane:
             [
                 str(bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-                "--bind-address=127.0.0.1",
+                # Every address: real nodes (sunk.testbed.nodes) reach it from
+                # their network namespace at the host's end of its link.
+                "--bind-address=0.0.0.0",
                 "--advertise-address=127.0.0.1",
-                # The `kubernetes` Service keeps no endpoints: Endpoints may not
-                # hold loopback addresses (the reconciler would fail every 10 s),
-                # and nothing here routes the service IP anyway.
+                # The `kubernetes` Service's endpoint is written by whoever
+                # starts nodes (its address is the host's end of their link):
+                # the reconciler would publish 127.0.0.1, which Endpoints refuse.
                 "--endpoint-reconciler-type=none",
+                # Node names do not resolve here; logs and exec go to the address.
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--secure-port={ports.apiserver}",
                 f"--tls-cert-file={pki.path('apiserver.crt')}",
                 f"--tls-private-key-file={pki.path('apiserver.key')}",

@@ -1,0 +1,724 @@
+"""Real Kubernetes nodes for the test bed: a kubelet and a containerd per node.
+
+Every node of a bed runs inside the bed's own network namespace, its
+"machine room": one bridge for all pods, each node's address on it, one
+kube-proxy (iptables) for the whole room and cluster DNS (CoreDNS, as a pod).
+The room is linked to the host by a veth pair, so the host's apiserver,
+registry and any host Slurm are reachable from pods, and the host reaches
+pods and kubelets by a route through it. Because iptables rules, sysctls
+(ip_forward, bridge netfilter) and listening ports are per network namespace,
+two beds on one machine never meet, and the host's own settings are never
+touched. The room has no way out: the host does not forward.
+
+The room also has a mount namespace of its own, shared by every kubelet and
+containerd in it (not `ip netns exec`, which gives each process a private one:
+kubelet's volume mounts would then be invisible to containerd). Pods' mounts
+therefore never appear on the host and vanish with the room. In it, three
+kernel settings that kubelet insists on (vm.overcommit_memory=1,
+kernel.panic=10, kernel.panic_on_oops=1, with `protectKernelDefaults`) read as
+kubelet expects from files bound over them: these sysctls are machine-wide,
+and the machine's own values are never changed.
+
+What each node owns (directories, sockets, cgroup root, address range) comes
+from `sunk.testbed.nodeconf`. Every daemon is recorded by the Supervisor;
+`stop` removes the node's pods through CRI, then kills what is left in its
+cgroups, unmounts what is mounted below its directory and removes its
+cgroups, so nothing stays behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sunk.testbed import nodeconf
+from sunk.testbed.kube import KubeAccess, KubeControlPlane, build_once
+from sunk.testbed.nodeconf import NodePaths, Subnet
+from sunk.testbed.paths import SCRIPTS, cache_dir
+from sunk.testbed.procs import StartError, Supervisor
+
+Log = Callable[[str], None]
+
+CONTAINERD_VERSION = "v2.2.1"
+CRICTL_VERSION = "v1.36.0"
+COREDNS_VERSION = "v1.14.7"
+KWOK_VERSION = "v0.8.0"
+# Bumped whenever testbed/nodes/build.sh changes what it produces.
+NODE_BUILD_REVISION = 1
+
+# Debian's runc and CNI plugins (scripts/bootstrap.sh installs them).
+RUNC = "/usr/sbin/runc"
+CNI_BIN_DIR = "/usr/lib/cni"
+
+# Candidate /16s for beds' rooms, apart from the local runtime's 10.200-254.
+_CANDIDATES = [ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(160, 200)]
+_SUBNET_LOCK = Path("/run/lock/sunk-testbed-subnets.lock")
+KUBE_PROXY = "kube-proxy"
+# What kubelet's protectKernelDefaults demands (see the module's docstring).
+KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": 1, "kernel/panic": 10, "kernel/panic_on_oops": 1}
+
+
+def node_binaries_dir() -> Path:
+    from sunk.testbed.kube import KUBERNETES_VERSION
+
+    name = (
+        f"{KUBERNETES_VERSION}-containerd-{CONTAINERD_VERSION}-coredns-{COREDNS_VERSION}"
+        f"-r{NODE_BUILD_REVISION}"
+    )
+    return cache_dir() / "nodes" / name
+
+
+def ensure_node_binaries(log: Log) -> Path:
+    """Build kubelet, kube-proxy, containerd, crictl, CoreDNS and KWOK unless cached."""
+    from sunk.testbed.kube import KUBERNETES_VERSION
+
+    out = node_binaries_dir()
+    if (out / ".complete").exists():
+        return out
+    log(f"building kubelet, kube-proxy, containerd {CONTAINERD_VERSION}, CoreDNS into {out}")
+    script = [
+        str(SCRIPTS / "nodes" / "build.sh"),
+        str(out),
+        KUBERNETES_VERSION,
+        CONTAINERD_VERSION,
+        CRICTL_VERSION,
+        COREDNS_VERSION,
+        KWOK_VERSION,
+    ]
+    build_once(out, script, "node binaries")
+    log("node binaries built")
+    return out
+
+
+def bed_tag(state_dir: Path) -> str:
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:6]
+
+
+def _sh(argv: Sequence[str], *, check: bool = True, stdin: str | None = None) -> str:
+    proc = subprocess.run(
+        list(argv), input=stdin, capture_output=True, text=True, check=False, timeout=60
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _host_networks() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 prefix the host routes or owns."""
+    used = []
+    for route in json.loads(_sh(["ip", "-4", "-j", "route", "show", "table", "all"]) or "[]"):
+        dst = route.get("dst", "")
+        if dst and dst != "default":
+            with contextlib.suppress(ValueError):
+                used.append(ipaddress.IPv4Network(dst, strict=False))
+    for link in json.loads(_sh(["ip", "-4", "-j", "addr"]) or "[]"):
+        for info in link.get("addr_info", []):
+            with contextlib.suppress(ValueError, KeyError):
+                used.append(
+                    ipaddress.IPv4Network(f"{info['local']}/{info['prefixlen']}", strict=False)
+                )
+    return used
+
+
+def pick_subnet(
+    used: Sequence[ipaddress.IPv4Network], preferred: ipaddress.IPv4Network | None
+) -> ipaddress.IPv4Network:
+    """The preferred /16 if nothing uses it, else the first free candidate."""
+    for net in ([preferred] if preferred else []) + _CANDIDATES:
+        if not any(net.overlaps(u) for u in used):
+            return net
+    raise RuntimeError("no free 10.160-199.0.0/16 for a bed's node network")
+
+
+class MachineRoom:
+    """The bed's network namespace: the link to the host, the pod bridge,
+    kube-proxy, and the `kubernetes` and DNS Services that pods use."""
+
+    def __init__(self, state_dir: Path, supervisor: Supervisor, log: Log) -> None:
+        self.state_dir = state_dir
+        self.dir = state_dir / "room"
+        self.supervisor = supervisor
+        self.tag = bed_tag(state_dir)
+        self.netns = f"sunk-{self.tag}"
+        self.host_link = f"sk{self.tag}h"
+        self._record = self.dir / "room.json"
+        self._log = log
+
+    @property
+    def netns_path(self) -> Path:
+        return Path("/run/netns") / self.netns
+
+    @property
+    def mountns_path(self) -> Path:
+        return self.dir / "ns" / "mnt"
+
+    def enter(self, argv: Sequence[str]) -> list[str]:
+        """`argv` run inside the room: its network and mount namespaces."""
+        return [
+            "nsenter",
+            f"--net={self.netns_path}",
+            f"--mount={self.mountns_path}",
+            "--",
+            *argv,
+        ]
+
+    def _make_mount_namespace(self) -> None:
+        """A persistent mount namespace (bound to a file on a private mount)
+        with kubelet's kernel settings bound over /proc/sys."""
+        holder = self.mountns_path.parent
+        if _is_mount_point(self.mountns_path):
+            return
+        holder.mkdir(parents=True, exist_ok=True)
+        if not _is_mount_point(holder):
+            _sh(["mount", "--bind", str(holder), str(holder)])
+            _sh(["mount", "--make-private", str(holder)])
+        self.mountns_path.touch()
+        _sh(["unshare", f"--mount={self.mountns_path}", "--propagation", "private", "true"])
+        settings = self.dir / "sysctl"
+        settings.mkdir(exist_ok=True)
+        for key, value in KUBELET_KERNEL_SETTINGS.items():
+            fake = settings / key.replace("/", ".")
+            fake.write_text(f"{value}\n")
+            _sh(
+                [
+                    "nsenter",
+                    f"--mount={self.mountns_path}",
+                    "--",
+                    "mount",
+                    "--bind",
+                    str(fake),
+                    f"/proc/sys/{key}",
+                ]
+            )
+
+    def mounts(self) -> list[str]:
+        """Mount points inside the room."""
+        table = _sh(
+            ["nsenter", f"--mount={self.mountns_path}", "--", "cat", "/proc/self/mountinfo"]
+        )
+        return [line.split()[4] for line in table.splitlines()]
+
+    def unmount_below(self, directory: Path) -> None:
+        """Lazily unmount everything the room has at or below `directory`, deepest first."""
+        if not _is_mount_point(self.mountns_path):
+            return
+        prefix = str(directory.resolve())
+        inside = {p for p in self.mounts() if p == prefix or p.startswith(prefix + "/")}
+        for point in sorted(inside, key=len, reverse=True):
+            _sh(
+                ["nsenter", f"--mount={self.mountns_path}", "--", "umount", "-l", point],
+                check=False,
+            )
+
+    def subnet(self) -> Subnet:
+        raw = json.loads(self._record.read_text())
+        return Subnet(ipaddress.IPv4Network(raw["subnet"]))
+
+    def up(self) -> Subnet:
+        """Create the namespace, link and bridge unless they exist; idempotent."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_mount_namespace()
+        if self.netns_path.exists() and self._record.exists():
+            return self.subnet()
+        with _locked(_SUBNET_LOCK):
+            preferred = None
+            with contextlib.suppress(FileNotFoundError, KeyError, ValueError):
+                preferred = ipaddress.IPv4Network(json.loads(self._record.read_text())["subnet"])
+            net = pick_subnet(_host_networks(), preferred)
+            self._record.write_text(json.dumps({"subnet": str(net), "netns": self.netns}))
+            subnet = Subnet(net)
+            inner = f"sk{self.tag}r"
+            _sh(["ip", "netns", "add", self.netns])
+            _sh(
+                ["ip", "-batch", "-"],
+                stdin=(
+                    f"link add {self.host_link} type veth peer name {inner} netns {self.netns}\n"
+                    f"addr add {subnet.host_address}/30 dev {self.host_link}\n"
+                    f"link set {self.host_link} up\n"
+                ),
+            )
+            _sh(
+                ["ip", "-n", self.netns, "-batch", "-"],
+                stdin=(
+                    "link set lo up\n"
+                    f"link set {inner} name uplink\n"
+                    f"addr add {subnet.namespace_address}/30 dev uplink\n"
+                    "link set uplink up\n"
+                    f"link add {nodeconf.BRIDGE} type bridge\n"
+                    f"addr add {subnet.gateway}/17 dev {nodeconf.BRIDGE}\n"
+                    f"link set {nodeconf.BRIDGE} up\n"
+                    f"route add default via {subnet.host_address}\n"
+                ),
+            )
+            _sh(["ip", "route", "add", subnet.pods, "via", subnet.namespace_address])
+        # Inside the room only: routing between the bridge and the uplink, and
+        # iptables on bridged traffic (a Service's backend on the same bridge).
+        for key, value in (
+            ("net.ipv4.ip_forward", "1"),
+            ("net.bridge.bridge-nf-call-iptables", "1"),
+            ("net.ipv4.conf.all.route_localnet", "1"),
+        ):
+            _sh(self.enter(["sysctl", "-qw", f"{key}={value}"]))
+        return subnet
+
+    def start_kube_proxy(self, bin_dir: Path, control_plane: KubeControlPlane) -> None:
+        if self.supervisor.running(KUBE_PROXY):
+            return
+        subnet = self.subnet()
+        kubeconfig = room_kubeconfig(
+            control_plane,
+            "kube-proxy",
+            "system:kube-proxy",
+            (),
+            self.dir / "kube-proxy.kubeconfig",
+            subnet,
+        )
+        config = self.dir / "kube-proxy.yaml"
+        config.write_text(
+            nodeconf.dump_yaml(
+                nodeconf.kube_proxy_config(kubeconfig, subnet, subnet.namespace_address)
+            )
+        )
+        self.supervisor.spawn(
+            KUBE_PROXY,
+            self.enter([str(bin_dir / "kube-proxy"), f"--config={config}", "--v=1"]),
+            env=node_environment(bin_dir),
+        )
+
+    def down(self) -> None:
+        """Stop kube-proxy and remove the namespace (its links, bridge and rules go with it)."""
+        self.supervisor.stop(KUBE_PROXY)
+        # The mount namespace goes with its last process; its pods' mounts with it.
+        for mount in (self.mountns_path, self.mountns_path.parent):
+            if _is_mount_point(mount):
+                _sh(["umount", "-l", str(mount)], check=False)
+        if self.netns_path.exists():
+            _sh(["ip", "netns", "del", self.netns], check=False)
+        if Path("/sys/class/net", self.host_link).exists():
+            _sh(["ip", "link", "del", self.host_link], check=False)
+
+
+def room_kubeconfig(
+    control_plane: KubeControlPlane,
+    name: str,
+    user: str,
+    groups: Sequence[str],
+    path: Path,
+    subnet: Subnet,
+) -> Path:
+    """A kubeconfig for a daemon in the room: the apiserver at the host's end of
+    the link, verified under the name `kubernetes` that its certificate carries."""
+    issued = control_plane.issue_kubeconfig(name, user, groups)
+    config = yaml.safe_load(issued.read_text())
+    port = int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = f"https://{subnet.host_address}:{port}"
+        cluster["cluster"]["tls-server-name"] = "kubernetes"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[str] = ()  # kubelet's --register-with-taints form: key=value:Effect
+
+
+class KubeletNodes:
+    """A group of real nodes in a bed's room; several groups may share a room."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        supervisor: Supervisor,
+        control_plane: KubeControlPlane,
+        room: MachineRoom,
+        *,
+        registry_endpoint: str,
+        sandbox_image: str,
+        log: Log,
+    ) -> None:
+        self.dir = state_dir / "nodes"
+        self.supervisor = supervisor
+        self.control_plane = control_plane
+        self.room = room
+        self.registry_endpoint = registry_endpoint
+        self.sandbox_image = sandbox_image
+        self._log = log
+        self._indices = room.dir / "node-indices.json"
+
+    def paths(self, name: str) -> NodePaths:
+        return NodePaths(self.dir / name)
+
+    def _index(self, name: str) -> int:
+        """The node's slot in the room (address and pod range), kept across restarts."""
+        with _locked(self._indices.with_suffix(".lock")):
+            try:
+                taken: dict[str, int] = json.loads(self._indices.read_text())
+            except FileNotFoundError:
+                taken = {}
+            if name not in taken:
+                free = sorted(set(range(1, nodeconf.MAX_NODES + 1)) - set(taken.values()))
+                if not free:
+                    raise RuntimeError(f"no free node slot in {self.room.netns}")
+                taken[name] = free[0]
+                self._indices.write_text(json.dumps(taken))
+            return taken[name]
+
+    def start(self, nodes: Sequence[NodeSpec], bin_dir: Path) -> None:
+        """Start each node's containerd and kubelet unless running; idempotent.
+        Readiness is the caller's to wait for (`wait_ready`)."""
+        subnet = self.room.subnet()
+        for spec in nodes:
+            self._start_containerd(spec.name, bin_dir, subnet)
+        for spec in nodes:
+            self._start_kubelet(spec, bin_dir, subnet)
+
+    def _start_containerd(self, name: str, bin_dir: Path, subnet: Subnet) -> None:
+        paths = self.paths(name)
+        index = self._index(name)
+        for directory in (paths.cni_conf_dir, paths.cni_ipam_dir, paths.pod_logs):
+            directory.mkdir(parents=True, exist_ok=True)
+        (paths.cni_conf_dir / "10-sunk.conflist").write_text(
+            json.dumps(nodeconf.cni_config(subnet, index, paths.cni_ipam_dir), indent=1)
+        )
+        host = self.registry_endpoint.split("://", 1)[-1]
+        registry_name = self.sandbox_image.split("/", 1)[0]
+        hosts = paths.registry_hosts / registry_name / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(nodeconf.registry_hosts_toml(f"http://{host}"))
+        paths.containerd_config.write_text(
+            nodeconf.containerd_config(
+                paths, sandbox_image=self.sandbox_image, cni_bin_dir=CNI_BIN_DIR, runc=RUNC
+            )
+        )
+        daemon = f"containerd-{name}"
+        if self.supervisor.running(daemon):
+            return
+        env = node_environment(bin_dir)
+        self.supervisor.spawn(
+            daemon,
+            self.room.enter([str(bin_dir / "containerd"), f"--config={paths.containerd_config}"]),
+            env=env,
+        )
+        self.supervisor.wait_ready(
+            daemon, lambda: paths.containerd_socket.exists(), timeout=30, what="(no socket)"
+        )
+
+    def _start_kubelet(self, spec: NodeSpec, bin_dir: Path, subnet: Subnet) -> None:
+        name = spec.name
+        daemon = f"kubelet-{name}"
+        if self.supervisor.running(daemon):
+            return
+        paths = self.paths(name)
+        index = self._index(name)
+        address = subnet.node_address(index)
+        _sh(self.room.enter(["ip", "addr", "replace", f"{address}/32", "dev", nodeconf.BRIDGE]))
+        root = nodeconf.cgroup_root(self.room.tag, name)
+        make_cgroup_root(root)
+        paths.resolv_conf.write_text("")  # dnsPolicy Default pods: no resolver outside
+        room_kubeconfig(
+            self.control_plane,
+            f"node-{name}",
+            f"system:node:{name}",
+            ["system:nodes"],
+            paths.kubeconfig,
+            subnet,
+        )
+        ca = self.control_plane.pki.ca_cert
+        paths.kubelet_config.write_text(
+            nodeconf.dump_yaml(
+                nodeconf.kubelet_config(paths, address=address, cgroup_root=root, client_ca=ca)
+            )
+        )
+        argv = [
+            str(bin_dir / "kubelet"),
+            f"--config={paths.kubelet_config}",
+            f"--kubeconfig={paths.kubeconfig}",
+            f"--root-dir={paths.kubelet_dir}",
+            f"--cert-dir={paths.kubelet_dir / 'pki'}",
+            f"--hostname-override={name}",
+            f"--node-ip={address}",
+            "--v=1",
+        ]
+        if spec.labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in spec.labels.items()))
+        if spec.taints:
+            argv.append("--register-with-taints=" + ",".join(spec.taints))
+        env = node_environment(bin_dir)
+        self.supervisor.spawn(daemon, self.room.enter(argv), env=env)
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.dir.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def stop(self, names: Sequence[str] | None = None, bin_dir: Path | None = None) -> None:
+        """Power the nodes off: kubelet, then every pod (through CRI), containerd, and
+        whatever is left in the node's cgroups or mounted below its directory.
+        Pods bound to a node come back when it starts again, as after a reboot."""
+        for name in names if names is not None else self.names():
+            paths = self.paths(name)
+            self.supervisor.stop(f"kubelet-{name}")
+            if bin_dir is not None and self.supervisor.running(f"containerd-{name}"):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    subprocess.run(
+                        self.room.enter(
+                            [
+                                str(bin_dir / "crictl"),
+                                f"--runtime-endpoint=unix://{paths.containerd_socket}",
+                                "--timeout=20s",
+                                "rmp",
+                                "--force",
+                                "--all",
+                            ]
+                        ),
+                        capture_output=True,
+                        timeout=60,
+                        check=False,
+                    )
+            self.supervisor.stop(f"containerd-{name}")
+            root = nodeconf.cgroup_root(self.room.tag, name)
+            kill_cgroup(root)
+            kill_shims(paths.containerd_socket)
+            self.room.unmount_below(paths.root)
+            remove_cgroup_root(root)
+
+
+# ----------------------------------------------------------------- host pieces
+
+
+def node_environment(bin_dir: Path) -> dict[str, str]:
+    """A node daemon's environment: the node binaries first on PATH (containerd
+    finds its shim there), and no proxy: image pulls and everything else of the
+    bed stay on this machine."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    return env
+
+
+def make_cgroup_root(root: str) -> None:
+    """kubelet refuses a cgroupRoot that does not exist in every hierarchy."""
+    for controller in nodeconf.CGROUP_CONTROLLERS:
+        path = Path("/sys/fs/cgroup", controller) / root.lstrip("/")
+        path.mkdir(parents=True, exist_ok=True)
+        if controller == "cpuset":
+            parent = path.parent
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if not (path / knob).read_text().strip():
+                    (path / knob).write_text((parent / knob).read_text())
+
+
+def _cgroup_dirs(root: str) -> list[Path]:
+    """Every cgroup below `root` in every hierarchy, deepest first."""
+    found: list[Path] = []
+    for controller in nodeconf.CGROUP_CONTROLLERS:
+        top = Path("/sys/fs/cgroup", controller) / root.lstrip("/")
+        if top.is_dir():
+            found += [Path(d) for d, _, _ in os.walk(top)]
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def kill_cgroup(root: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process left in the node's cgroups, until none is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = set()
+        for directory in _cgroup_dirs(root):
+            with contextlib.suppress(OSError):
+                pids |= {int(p) for p in (directory / "cgroup.procs").read_text().split()}
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            raise StartError(f"processes in {root} survive SIGKILL: {sorted(pids)}")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def kill_shims(socket: Path) -> None:
+    """containerd's shims outlive it by design; a powered-off node has none."""
+    needle = str(socket).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _is_mount_point(path: Path) -> bool:
+    """From the mount table (os.path.ismount misses a directory bound onto itself)."""
+    wanted = str(path.resolve()) if path.exists() else str(path)
+    with open("/proc/self/mountinfo") as table:
+        return any(line.split()[4] == wanted for line in table)
+
+
+def remove_cgroup_root(root: str) -> None:
+    for directory in _cgroup_dirs(root):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+async def install_cluster_dns(client: Any, image: str) -> None:
+    """CoreDNS and the kube-dns Service, applied with the admin client."""
+    from lightkube import codecs
+
+    for manifest in nodeconf.coredns_manifests(image):
+        await client.apply(codecs.from_dict(manifest), force=True)
+
+
+async def publish_apiserver(client: Any, room: MachineRoom, apiserver_port: int) -> None:
+    """The `kubernetes` Service's endpoint as pods reach it (see nodeconf)."""
+    from lightkube import codecs
+
+    manifest = nodeconf.kubernetes_endpoint_slice(room.subnet().host_address, apiserver_port)
+    await client.apply(codecs.from_dict(manifest), force=True)
+
+
+def kube_port(access: KubeAccess) -> int:
+    return int(access.server.rsplit(":", 1)[1])
+
+
+class NodeBed:
+    """What real nodes need beside the control plane, started and stopped as one:
+    the room (with kube-proxy), the registry the nodes pull from, one group of
+    nodes, the `kubernetes` Service's endpoint and cluster DNS."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        supervisor: Supervisor,
+        control_plane: KubeControlPlane,
+        log: Log,
+    ) -> None:
+        from sunk.testbed.images import Registry
+
+        self.supervisor = supervisor
+        self.control_plane = control_plane
+        self.room = MachineRoom(state_dir, supervisor, log)
+        self.registry = Registry(state_dir, supervisor)
+        self.state_dir = state_dir
+        self._log = log
+
+    def nodes(self, sandbox_image: str) -> KubeletNodes:
+        subnet = self.room.subnet()
+        return KubeletNodes(
+            self.state_dir,
+            self.supervisor,
+            self.control_plane,
+            self.room,
+            registry_endpoint=f"{subnet.host_address}:{self.registry.port}",
+            sandbox_image=sandbox_image,
+            log=self._log,
+        )
+
+    def start(self, specs: Sequence[NodeSpec], bin_dir: Path, sandbox_image: str) -> KubeletNodes:
+        """Start what is not running (idempotent); readiness is `ready()`'s."""
+        subnet = self.room.up()
+        self.registry.start(host=subnet.host_address)
+        self.room.start_kube_proxy(bin_dir, self.control_plane)
+        group = self.nodes(sandbox_image)
+        group.start(specs, bin_dir)
+        return group
+
+    async def ready(
+        self, kube: Any, access: KubeAccess, names: Sequence[str], dns_image: str, within: float
+    ) -> None:
+        """The apiserver's endpoint for pods, the nodes Ready, then CoreDNS ready."""
+        from lightkube.resources.apps_v1 import Deployment
+
+        await publish_apiserver(kube, self.room, kube_port(access))
+
+        async def dns_ready() -> bool:
+            deployment = await kube.get(Deployment, "coredns", namespace="kube-system")
+            return bool(deployment.status and deployment.status.readyReplicas)
+
+        await _wait_until(
+            f"nodes {', '.join(names)} Ready",
+            lambda: nodes_ready(kube, names),
+            within,
+            self._logs(),
+        )
+        await install_cluster_dns(kube, dns_image)
+        await _wait_until("cluster DNS (CoreDNS) ready", dns_ready, within, self._logs())
+
+    def _logs(self) -> Callable[[], str]:
+        def tails() -> str:
+            from sunk.testbed.procs import tail
+
+            names = [
+                n for n in self.supervisor.names() if n.startswith(("kubelet-", "containerd-"))
+            ]
+            return "\n".join(
+                f"--- {n}\n{tail(self.supervisor.log_dir / f'{n}.log', 8)}" for n in names
+            )
+
+        return tails
+
+    def stop(self, bin_dir: Path | None) -> None:
+        """Every node powered off, then the room and the registry; nothing left behind."""
+        KubeletNodes(
+            self.state_dir,
+            self.supervisor,
+            self.control_plane,
+            self.room,
+            registry_endpoint="",
+            sandbox_image="",
+            log=self._log,
+        ).stop(None, bin_dir)
+        self.room.down()
+        self.registry.stop()
+
+
+async def _wait_until(
+    what: str, check: Callable[[], Any], within: float, explain: Callable[[], str]
+) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            raise StartError(f"timed out after {within:.0f}s waiting for {what}\n{explain()}")
+        await asyncio.sleep(0.25)
+
+
+async def nodes_ready(kube: Any, names: Sequence[str]) -> bool:
+    """Every named node has reported Ready."""
+    from lightkube.resources.core_v1 import Node
+
+    ready = set()
+    async for node in kube.list(Node):
+        conditions = (node.status.conditions if node.status else None) or []
+        if any(c.type == "Ready" and c.status == "True" for c in conditions):
+            ready.add(node.metadata.name)
+    return set(names) <= ready

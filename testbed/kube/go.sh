@@ -1,0 +1,64 @@
+# Sourced by the build scripts under testbed/: a Go toolchain new enough for
+# Kubernetes, and the wrapper module that builds Kubernetes commands.
+
+# Kubernetes 1.36 needs Go >= 1.25. Where the machine's go is missing or
+# older, take the official toolchain from the Go module proxy (the module the
+# go command itself fetches for GOTOOLCHAIN) into CACHE/go.
+#   ensure_go CACHE
+ensure_go() {
+  local cache=$1 go_min=1.25 toolchain=go1.26.8 v
+  if command -v go >/dev/null 2>&1; then
+    v=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+    [[ $(printf '%s\n%s\n' "$go_min" "$v" | sort -V | head -1) == "$go_min" ]] && return 0
+  fi
+  local gohome="$cache/go/$toolchain"
+  if [[ ! -x $gohome/bin/go ]]; then
+    echo "fetching Go $toolchain from the Go module proxy" >&2
+    local fetch
+    fetch=$(mktemp -d)
+    curl -fsSL -o "$fetch/go.zip" \
+      "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-$toolchain.linux-amd64.zip"
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+      "$fetch/go.zip" "$fetch/x"
+    mkdir -p "$(dirname "$gohome")"
+    mv "$fetch/x/golang.org/toolchain@v0.0.1-$toolchain.linux-amd64" "$gohome"
+    chmod +x "$gohome"/bin/* "$gohome"/pkg/tool/*/*
+    rm -rf "$fetch"
+  fi
+  export PATH="$gohome/bin:$PATH" GOTOOLCHAIN=local
+}
+
+# k8s.io/kubernetes points its staging modules (k8s.io/api, client-go, ...) at
+# ./staging by replace directives, so `go install ...@version` is refused. A
+# wrapper module requires it and pins every staging module at the matching
+# v0.MINOR.PATCH tag instead; the list comes from kubernetes' own go.mod.
+#   kube_wrapper_module DIR K8S_VERSION   (writes DIR/go.mod; add tools.go, then go mod tidy)
+kube_wrapper_module() {
+  local dir=$1 k8s_version=$2 staging_version kube_gomod
+  staging_version="v0.${k8s_version#v1.}"
+  kube_gomod=$(go mod download -json "k8s.io/kubernetes@$k8s_version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  mkdir -p "$dir"
+  {
+    echo "module sunk.local/testbed/kube"
+    echo
+    echo "go $(sed -n 's/^go //p' "$kube_gomod")"
+    echo
+    echo "require k8s.io/kubernetes $k8s_version"
+    echo
+    sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/k8s.io/.*#replace \1 => \1 '"$staging_version"'#p' "$kube_gomod"
+  } >"$dir/go.mod"
+}
+
+# Stamp the version as Kubernetes' own release build does: clients (kubectl,
+# helm, kubelet's node status) read it and refuse or warn on v0.0.0-master.
+#   kube_version_flags K8S_VERSION   (prints -X flags for -ldflags)
+kube_version_flags() {
+  local k8s_version=$1 minor pkg flags=""
+  minor=${k8s_version#v1.}
+  minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean"
+  done
+  printf '%s' "$flags"
+}

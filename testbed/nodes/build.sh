@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds what a real Kubernetes node of the test bed runs, from the official
+# Go modules, into a cache directory keyed by version: kubelet and kube-proxy
+# (k8s.io/kubernetes, the same wrapper module as the control plane) and a
+# kubectl of the same version, containerd
+# 2.x with its runc shim and ctr, crictl, CoreDNS (cluster DNS, run as a pod)
+# and KWOK (simulated nodes for benchmarks beyond what kubelets fit).
+# runc and the CNI plugins come from Debian (scripts/bootstrap.sh).
+# Idempotent: a cache hit does nothing. Only the Go module proxy is contacted.
+#
+#   testbed/nodes/build.sh OUT_DIR K8S_VERSION CONTAINERD_VERSION CRICTL_VERSION COREDNS_VERSION KWOK_VERSION
+set -euo pipefail
+out=$1 k8s_version=$2 containerd_version=$3 crictl_version=$4 coredns_version=$5 kwok_version=$6
+here=$(cd "$(dirname "$0")" && pwd)
+binaries=(kubelet kube-proxy kubectl containerd containerd-shim-runc-v2 ctr crictl coredns kwok)
+
+[[ -f $out/.complete ]] && exit 0
+# shellcheck source=../kube/go.sh
+source "$here/../kube/go.sh"
+ensure_go "$(dirname "$out")"
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+kube_wrapper_module "$work/kube" "$k8s_version"
+cat >"$work/kube/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+(
+  cd "$work/kube"
+  go mod tidy
+  CGO_ENABLED=0 go build -trimpath -ldflags="-s -w$(kube_version_flags "$k8s_version")" -o "$out/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
+)
+
+# These modules carry no replace directives, so each builds as its maintainers
+# release it, in a wrapper module of its own (plain `go install mod@version`
+# asks the proxy for the module's version list, which it refuses for some).
+#   build_module MODULE VERSION PACKAGE...
+build_module() {
+  local module=$1 version=$2 dir
+  shift 2
+  dir="$work/$(basename "$module")"
+  mkdir -p "$dir"
+  printf 'module sunk.local/testbed/%s\n\ngo 1.25\n\nrequire %s %s\n' \
+    "$(basename "$module")" "$module" "$version" >"$dir/go.mod"
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    printf '\t_ "%s"\n' "$@"
+    printf ')\n'
+  } >"$dir/tools.go"
+  (cd "$dir" && go mod tidy && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/" "$@")
+}
+build_module github.com/containerd/containerd/v2 "$containerd_version" \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
+build_module sigs.k8s.io/cri-tools "$crictl_version" sigs.k8s.io/cri-tools/cmd/crictl
+build_module github.com/coredns/coredns "$coredns_version" github.com/coredns/coredns
+build_module sigs.k8s.io/kwok "$kwok_version" sigs.k8s.io/kwok/cmd/kwok
+
+for b in "${binaries[@]}"; do [[ -x $out/$b ]] || { echo "missing $out/$b" >&2; exit 1; }; done
+touch "$out/.complete"

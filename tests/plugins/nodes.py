@@ -1,0 +1,77 @@
+"""Real Kubernetes nodes for the session: kubelet + containerd per node, in the
+bed's network namespace, pulling sunk's images from the bed's registry.
+
+`kubelet_nodes` starts them once per session on the session's control plane;
+modules that need nodes take it and schedule onto its node names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from lightkube import AsyncClient
+
+from sunk.testbed import images
+from sunk.testbed.kube import KubeAccess, KubeControlPlane
+from sunk.testbed.nodes import (
+    KubeletNodes,
+    MachineRoom,
+    NodeBed,
+    NodeSpec,
+    ensure_node_binaries,
+)
+from sunk.testbed.procs import Supervisor
+
+NODE_COUNT = 2
+NODE_PREFIX = "kn-"
+
+
+def _log(message: str) -> None:
+    print(f"[nodes] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class RealNodes:
+    bed: NodeBed
+    group: KubeletNodes
+    specs: list[NodeSpec]
+    images: images.ImageSet
+    bin_dir: Path
+
+    @property
+    def room(self) -> MachineRoom:
+        return self.bed.room
+
+    @property
+    def names(self) -> list[str]:
+        return [spec.name for spec in self.specs]
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def kubelet_nodes(
+    testbed_state_dir: Path,
+    supervisor: Supervisor,
+    kube_control_plane: KubeControlPlane | None,
+    kube_access: KubeAccess,
+    kube: AsyncClient,
+) -> AsyncIterator[RealNodes]:
+    if kube_control_plane is None:
+        pytest.skip("real nodes join the bed's own control plane")
+    bin_dir = await asyncio.to_thread(ensure_node_binaries, _log)
+    built = await asyncio.to_thread(images.ensure_images, _log, coredns=bin_dir / "coredns")
+    assert built.coredns is not None
+    bed = NodeBed(testbed_state_dir, supervisor, kube_control_plane, _log)
+    specs = [
+        NodeSpec(f"{NODE_PREFIX}{i}", labels={"sunk.test/node": "real"})
+        for i in range(1, NODE_COUNT + 1)
+    ]
+    group = await asyncio.to_thread(bed.start, specs, bin_dir, built.pause.ref)
+    await bed.ready(kube, kube_access, [s.name for s in specs], built.coredns.ref, 120)
+    yield RealNodes(bed, group, specs, built, bin_dir)
+    await asyncio.to_thread(bed.stop, bin_dir)
