@@ -188,7 +188,7 @@ async def bed(
             "sunk",
             "sunk-cluster",
             namespace,
-            charts.cluster_values(RELEASE),
+            charts.cluster_values(RELEASE, replicas=0),
             values_file=state / "cluster-values.yaml",
         )
         await asyncio.to_thread(

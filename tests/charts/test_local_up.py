@@ -1,11 +1,13 @@
 """The README's first command, end to end: `sunk local up`, use the cluster from
-both front doors, `sunk local down`.
+both front doors, `sunk local down`, and `up` again.
 
 Runs the real CLI as a subprocess on a private state directory (so a cluster
-the developer has up is not touched): the control plane, three local nodes,
-both charts through the real helm, sunk's operator, syncer and scheduler on
-the host. Then a researcher's `sbatch` over ssh, and a Kubernetes pod placed
-by `sunk scheduler` through a Slurm job; `down` must leave no process behind.
+the developer has up is not touched): the control plane, three real nodes
+(kubelet + containerd), both charts through the real helm, every pod from its
+image, sunk's operator, syncer and scheduler included. Then a researcher's
+`sbatch` over ssh, and a Kubernetes pod placed by `sunk scheduler` through a
+Slurm job; `down` must leave nothing behind, and `up` must bring the same
+cluster back with its Slurm state.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import ApiError
@@ -27,9 +30,10 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from plugins.local import wait_for
-from sunk.local.system import pids_rooted_at
 from sunk.syncer.decide import LABEL_SLURM_BUSY
+from sunk.testbed.bed import Bed
 from sunk.testbed.kube import async_client
+from sunk.testbed.nodes import node_binaries_dir
 
 pytestmark = pytest.mark.testbed
 
@@ -66,8 +70,58 @@ def cluster() -> Iterator[Path]:
     finally:
         down = sunk(state, "down", timeout=300)
         assert down.returncode == 0, down.stderr
-        assert not pids_rooted_at(state / "root"), "processes left after down"
+        assert Bed(state).leftovers() == []
         subprocess.run(["rm", "-rf", str(state)], check=False)
+
+
+def summary(state: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((state / "bed.json").read_text())
+    return loaded
+
+
+def kubectl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    config = summary(state)["kubernetes"]["kubeconfig"]
+    return subprocess.run(
+        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={config}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_every_pod_runs_from_its_image_on_a_real_node(cluster: Path) -> None:
+    """`kubectl get pods -A -o wide` as a user would read it: every pod on one of
+    the bed's nodes, started by containerd from an image of the bed's registry;
+    `kubectl logs` and `kubectl exec` answer."""
+    listed = kubectl(cluster, "get", "pods", "-A", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    pods = json.loads(listed.stdout)["items"]
+    names = {p["metadata"]["name"] for p in pods}
+    for component in ("slurmctld", "slurmdbd", "slurmrestd", "login", "mariadb", "coredns"):
+        assert any(component in name for name in names), names
+    for component in ("operator", "syncer", "scheduler"):
+        assert any(name.startswith(f"sunk-{component}-") for name in names), names
+    for pod in pods:
+        assert pod["spec"]["nodeName"].startswith("local-"), pod["metadata"]["name"]
+        for status in pod["status"].get("containerStatuses", []):
+            assert status["imageID"].startswith("registry.sunk.test/"), status
+    shown = kubectl(
+        cluster,
+        "-n",
+        "slurm",
+        "exec",
+        "slurm-slurmctld-0",
+        "-c",
+        "slurmctld",
+        "--",
+        "scontrol",
+        "ping",
+    )
+    assert "UP" in shown.stdout, shown.stdout + shown.stderr
+    logs = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-syncer")
+    assert logs.returncode == 0
+    assert "leads slurm/sunk-syncer" in logs.stdout, logs.stdout[-2000:]
 
 
 def test_a_researcher_sees_idle_nodes_and_runs_a_batch_job(cluster: Path) -> None:
@@ -81,8 +135,8 @@ def test_a_researcher_sees_idle_nodes_and_runs_a_batch_job(cluster: Path) -> Non
 
 
 async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: Path) -> None:
-    summary = json.loads((cluster / "bed.json").read_text())
-    kube = async_client(Path(summary["kubernetes"]["kubeconfig"]), field_manager="test")
+    info = summary(cluster)
+    kube = async_client(Path(info["kubernetes"]["kubeconfig"]), field_manager="test")
     try:
         pod = Pod(
             metadata=ObjectMeta(name="inference", namespace="default"),
@@ -92,7 +146,7 @@ async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: P
                 containers=[
                     Container(
                         name="main",
-                        image="debian:trixie",
+                        image=info["images"]["sunk/slurm"],
                         command=["sleep", "3600"],
                         resources=ResourceRequirements(requests={"cpu": "1"}),
                     )
@@ -131,8 +185,8 @@ async def test_an_eviction_waits_for_the_nodes_slurm_job(cluster: Path) -> None:
     """What `kubectl drain` does after its cordon: evict the node's pods. The chart's
     PodDisruptionBudget refuses it for a slurmd whose node runs a job (the syncer's
     busy label), and lets it through once the job is done."""
-    summary = json.loads((cluster / "bed.json").read_text())
-    kube = async_client(Path(summary["kubernetes"]["kubeconfig"]), field_manager="test")
+    info = summary(cluster)
+    kube = async_client(Path(info["kubernetes"]["kubeconfig"]), field_manager="test")
     namespace = "slurm"
     try:
         pods = [
@@ -170,3 +224,19 @@ async def test_an_eviction_waits_for_the_nodes_slurm_job(cluster: Path) -> None:
         assert "COMPLETED" in out, out
     finally:
         await kube.close()
+
+
+def test_down_then_up_brings_the_same_cluster_back(cluster: Path) -> None:
+    """Last in the module: the Slurm state (accounting, the controller's state)
+    lives on the bed's volumes, so jobs of before are still in sacct."""
+    before = ssh(cluster, "sacct -n -X -o JobID | sort -n | tail -1").strip()
+    assert before
+    down = sunk(cluster, "down", timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert Bed(cluster).leftovers() == []
+    started = time.monotonic()
+    up = sunk(cluster, "up", timeout=900)
+    print(f"sunk local up again: {time.monotonic() - started:.1f}s")
+    assert up.returncode == 0, f"{up.stdout}\n{up.stderr}"
+    assert before in ssh(cluster, "sacct -n -X -o JobID").split()
+    assert len(ssh(cluster, "srun -N3 hostname").split()) == 3

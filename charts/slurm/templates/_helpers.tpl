@@ -154,3 +154,24 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- define "slurm.jobscripts" -}}
 {{- if or .Values.prolog .Values.epilog .Values.healthCheck.scripts }}true{{- end -}}
 {{- end -}}
+
+{{/* The login pods' sshd_config (its checksum rolls them on a change). */}}
+{{- define "slurm.sshdConfig" -}}
+Port 22
+HostKey /etc/ssh/host-keys/ssh_host_rsa_key
+HostKey /etc/ssh/host-keys/ssh_host_ecdsa_key
+# Keys only, from the authorized-keys Secret (one file per user). Read
+# through a command: a kubelet mounts Secrets on a world-writable (1777)
+# directory, which sshd's StrictModes refuses for AuthorizedKeysFile; a
+# Secret's update reaches the next login without a restart.
+AuthorizedKeysFile none
+AuthorizedKeysCommand /usr/bin/cat /etc/ssh/authorized-keys/%u
+AuthorizedKeysCommandUser nobody
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin no
+UsePAM no
+PrintMotd no
+AcceptEnv LANG LC_*
+Subsystem sftp /usr/lib/openssh/sftp-server
+{{- end }}

@@ -54,6 +54,9 @@ spec:
         runAsNonRoot: true
         runAsUser: 65532
         runAsGroup: 65532
+        # The JWT key's files are group-readable (0440): a kubelet gives them
+        # this group, or the key is root's alone and no token can be minted.
+        fsGroup: 65532
         seccompProfile: {type: RuntimeDefault}
       containers:
         - name: {{ .component }}

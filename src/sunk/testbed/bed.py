@@ -1,12 +1,15 @@
-"""One local cluster: the Kubernetes control plane, local nodes and both charts.
+"""One local cluster: the Kubernetes control plane, real nodes and both charts.
 
-`sunk local up` goes through `Bed`: it builds or reuses the caches, starts the
-control plane, runs the local node runtime (`sunk local nodes`) as a daemon,
-installs the sunk-cluster and slurm charts with the real helm, starts sunk's
-operator, syncer and scheduler on the host (as the chart's ServiceAccounts; the root
-filesystem has no Python), and waits until a user on the login pod sees every
-compute node idle in `sinfo`. Every daemon is recorded by the Supervisor, so
-`down` stops exactly what `up` started.
+`sunk local up` goes through `Bed`: it builds or reuses the caches (Kubernetes,
+the node binaries, helm, the images), starts the control plane, then real
+nodes (a kubelet and a containerd each, `sunk.testbed.nodes`) that pull the
+images from the bed's registry, installs the sunk-cluster and slurm charts
+with the real helm, and waits until a user on the login pod sees every
+compute node idle in `sinfo`. Every pod of both charts, sunk's own
+components included, runs from its image on a real kubelet: `up` starts no
+product process on the host. Every daemon is recorded by the Supervisor, so
+`down` stops exactly what `up` started; the Slurm state lives on volumes in
+the state directory, so a later `up` brings the same cluster back.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node
 
 from sunk.kube.client import kube_client
 from sunk.testbed import charts
 from sunk.testbed.helm import Helm, ensure_helm
+from sunk.testbed.images import ImageSet, ensure_images
 from sunk.testbed.kube import KubeAccess, KubeControlPlane, ensure_binaries
+from sunk.testbed.nodes import NodeBed, NodeSpec, ensure_node_binaries
 from sunk.testbed.procs import Supervisor
 from sunk.testbed.slurm import ensure_rootfs
 
@@ -40,9 +43,6 @@ CLUSTER_RELEASE = "sunk"
 USER_NAME = "researcher"
 USER_UID = 2000
 NODE_PREFIX = "local-"
-# The host processes `up` starts besides the control plane, in start order.
-NODES_DAEMON = "local-nodes"
-COMPONENTS = ("operator", "syncer", "scheduler")
 # slurm.conf KillWait, told to the scheduler: a pod's default 30 s grace period
 # fits (the scheduler refuses pods whose grace exceeds KillWait minus 1 s).
 KILL_WAIT = 32
@@ -53,8 +53,10 @@ class Prepared:
     """Where the cached parts are, and what it took to get them."""
 
     kube_bin: Path
+    node_bin: Path
     rootfs: Path
     helm: Path
+    images: ImageSet
     seconds: float
     cold: bool  # True when anything had to be built or downloaded
 
@@ -86,9 +88,11 @@ class Bed:
             log(message)
 
         kube_bin = ensure_binaries(note)
+        node_bin = ensure_node_binaries(note)
         rootfs = ensure_rootfs("trixie", note)
         helm = ensure_helm(note)
-        return Prepared(kube_bin, rootfs, helm, time.monotonic() - started, cold)
+        built = ensure_images(note, coredns=node_bin / "coredns")
+        return Prepared(kube_bin, node_bin, rootfs, helm, built, time.monotonic() - started, cold)
 
     def kube(self, log: Log = print) -> KubeControlPlane:
         return KubeControlPlane(self.state_dir, self.supervisor, log=log)
@@ -105,56 +109,65 @@ class Bed:
         kube = self.kube(log).start()
         log(f"kubernetes control plane ready in {time.monotonic() - t1:.1f}s: {kube.server}")
         self.files.mkdir(parents=True, exist_ok=True)
-        self.supervisor.spawn(
-            NODES_DAEMON,
-            [
-                *_sunk(),
-                "local",
-                "nodes",
-                "--state",
-                str(self.state_dir),
-                "--count",
-                str(self.node_count),
-                "--prefix",
-                NODE_PREFIX,
-                "--label",
-                f"{charts.NODE_POOL_LABEL}={charts.COMPUTE_POOL}",
-            ],
-        )
-        access = asyncio.run(self._install(kube, prepared.helm, log))
-        self._write_summary(access)
+        t2 = time.monotonic()
+        specs = [
+            NodeSpec(name, labels={charts.NODE_POOL_LABEL: charts.COMPUTE_POOL})
+            for name in self.node_names()
+        ]
+        node_bed = self.node_bed(log)
+        node_bed.start(specs, prepared.node_bin, prepared.images.pause.ref)
+        log(f"{len(specs)} kubelets and containerds started in {time.monotonic() - t2:.1f}s")
+        access = asyncio.run(self._install(kube, node_bed, prepared, log))
+        self._write_summary(access, prepared.images)
         return access
 
-    async def _install(self, kube: KubeAccess, helm_binary: Path, log: Log) -> BedAccess:
+    def node_bed(self, log: Log = print) -> NodeBed:
+        return NodeBed(self.state_dir, self.supervisor, self.kube(log), log)
+
+    async def _install(
+        self, kube: KubeAccess, node_bed: NodeBed, prepared: Prepared, log: Log
+    ) -> BedAccess:
         client = kube_client(kube.admin_kubeconfig, "sunk-local")
         try:
-            return await self._install_with(client, kube, helm_binary, log)
+            return await self._install_with(client, kube, node_bed, prepared, log)
         finally:
             await client.close()
 
     async def _install_with(
-        self, client: AsyncClient, kube: KubeAccess, helm_binary: Path, log: Log
+        self,
+        client: AsyncClient,
+        kube: KubeAccess,
+        node_bed: NodeBed,
+        prepared: Prepared,
+        log: Log,
     ) -> BedAccess:
         t0 = time.monotonic()
         names = self.node_names()
-        await charts.wait_until("the local nodes Ready", lambda: _nodes_ready(client, names), 120)
-        log(f"{len(names)} local nodes Ready in {time.monotonic() - t0:.1f}s: {', '.join(names)}")
+        assert prepared.images.coredns is not None
+        await node_bed.ready(client, kube, names, prepared.images.coredns.ref, 120)
+        log(f"{len(names)} nodes and cluster DNS ready in {time.monotonic() - t0:.1f}s")
+        await charts.apply_volumes(client, self.state_dir / "volumes")
 
         t1 = time.monotonic()
         key = self.files / "id_ed25519"
         user = charts.User(USER_NAME, USER_UID, charts.new_ssh_key(key))
         charts.make_homes(self.files / "home", [user])
-        helm = Helm(helm_binary, kube.admin_kubeconfig, self.files / "helm")
+        helm = Helm(prepared.helm, kube.admin_kubeconfig, self.files / "helm")
         await asyncio.to_thread(
             helm.upgrade_install,
             CLUSTER_RELEASE,
             "sunk-cluster",
             NAMESPACE,
-            charts.cluster_values(RELEASE),
+            charts.cluster_values(
+                RELEASE, prepared.images.sunk, namespace=NAMESPACE, kill_wait=KILL_WAIT
+            ),
             values_file=self.files / "sunk-values.yaml",
         )
         values = charts.slurm_values(
-            users=[user], home=self.files / "home", slurm_config={"KillWait": KILL_WAIT}
+            users=[user],
+            home=self.files / "home",
+            images=prepared.images,
+            slurm_config={"KillWait": KILL_WAIT},
         )
         await asyncio.to_thread(
             helm.upgrade_install,
@@ -167,28 +180,27 @@ class Bed:
         log(f"charts installed in {time.monotonic() - t1:.1f}s (helm releases sunk, slurm)")
 
         t2 = time.monotonic()
-        restd = await charts.wait_until(
-            "slurmrestd Ready",
-            lambda: charts.pod_ip(client, NAMESPACE, charts.component(RELEASE, "slurmrestd")),
-            300,
-        )
-        log(f"slurmctld, slurmdbd, slurmrestd up in {time.monotonic() - t2:.1f}s")
-        await self._start_components(client, kube, f"http://{restd}:{charts.RESTAPI_PORT}")
-
-        t3 = time.monotonic()
-        login = await charts.wait_until(
-            "the login pod Ready",
-            lambda: charts.pod_ip(client, NAMESPACE, charts.component(RELEASE, "login")),
-            300,
-        )
         nodes = [f"compute-{name}" for name in names]
+        # Pods' Ready conditions (and a stopped Slurm's saved node states) may
+        # still be those of before a `down`: only a job that runs on every node
+        # shows the cluster works.
+        try:
+            login = await charts.wait_until(
+                "a job on every compute node (srun from the login pod)",
+                lambda: self._jobs_run(client, key, nodes),
+                300,
+                interval=1,
+            )
+        except TimeoutError as timed_out:
+            pods = await charts.unready_pods(client, NAMESPACE)
+            raise TimeoutError(f"{timed_out}; pods not Ready in {NAMESPACE}:\n{pods}") from None
         await charts.wait_until(
-            "every compute node idle in sinfo",
+            "every compute node idle in sinfo after that job",
             lambda: asyncio.to_thread(self._all_idle, key, login, nodes),
-            300,
-            interval=1,
+            60,
+            interval=0.5,
         )
-        log(f"{len(nodes)} compute nodes idle in Slurm in {time.monotonic() - t3:.1f}s")
+        log(f"{len(nodes)} compute nodes run jobs in {time.monotonic() - t2:.1f}s")
         t4 = time.monotonic()
         await charts.wait_until(
             "accounting (sacct) answering",
@@ -199,43 +211,14 @@ class Bed:
         log(f"accounting answers sacct in {time.monotonic() - t4:.1f}s")
         return BedAccess(kube, login, key, USER_NAME, nodes)
 
-    async def _start_components(self, client: AsyncClient, kube: KubeAccess, restd: str) -> None:
-        """sunk operator, syncer and scheduler on the host, each as its chart ServiceAccount."""
-        jwt = await charts.secret_file(
-            client, NAMESPACE, f"{RELEASE}-jwt", "jwt_hs256.key", self.files / "jwt_hs256.key"
-        )
-        for name in COMPONENTS:
-            account = f"{CLUSTER_RELEASE}-{name}"
-            kubeconfig = await charts.service_account_kubeconfig(
-                client,
-                kube.server,
-                kube.ca_file,
-                NAMESPACE,
-                account,
-                self.files / f"{account}.kubeconfig",
-            )
-            argv = [
-                *_sunk(),
-                name,
-                "--slurmrestd",
-                restd,
-                "--jwt-key",
-                str(jwt),
-                "--kubeconfig",
-                str(kubeconfig),
-                # The scheduler places pods of every namespace; the Slurm one holds slurmd pods.
-                "--slurmd-namespace" if name == "scheduler" else "--namespace",
-                NAMESPACE,
-                "--lease-namespace",
-                NAMESPACE,
-            ]
-            if name in ("syncer", "scheduler"):
-                argv += ["--metrics-port", "0"]  # three components on one host
-            if name == "scheduler":
-                argv += ["--kill-wait", str(KILL_WAIT)]
-            # A new slurmrestd address (or token) after a re-run: restart.
-            self.supervisor.stop(name)
-            self.supervisor.spawn(name, argv)
+    async def _jobs_run(self, client: AsyncClient, key: Path, nodes: Sequence[str]) -> str | None:
+        """The login pod's address once `srun` runs a step on every compute node."""
+        login = await charts.pod_ip(client, NAMESPACE, charts.component(RELEASE, "login"))
+        if login is None:
+            return None
+        command = f"srun -N{len(nodes)} -w {','.join(nodes)} --immediate=10 -t 1 hostname"
+        proc = await asyncio.to_thread(self.ssh, key, login, [command], timeout=30)
+        return login if set(proc.stdout.split()) == set(nodes) else None
 
     def _all_idle(self, key: Path, login: str, nodes: Sequence[str]) -> bool:
         proc = self.ssh(key, login, ["sinfo -h -N -o '%N %t'"], timeout=30)
@@ -280,20 +263,26 @@ class Bed:
     def down(self) -> None:
         """Stop what this bed started, and nothing else; idempotent.
 
-        sunk's components first, then the nodes (whose runtime stops every
-        pod's processes and removes its network namespaces and mounts), then
+        The nodes first (each pod stopped through CRI, then whatever is left in
+        the node's cgroups; mounts go with the room), then the registry and
         the control plane; no build is ever triggered here.
         """
-        for name in COMPONENTS:
-            self.supervisor.stop(name)
-        self.supervisor.stop(NODES_DAEMON, grace=60)
+        from sunk.testbed.nodes import node_binaries_dir
+
+        node_bin = node_binaries_dir()
+        self.node_bed().stop(node_bin if (node_bin / ".complete").exists() else None)
         self.supervisor.stop_all()
+
+    def leftovers(self) -> list[str]:
+        """What a `down` should have removed but did not (empty when clean)."""
+        left = [f"daemon {n}" for n in self.supervisor.names() if self.supervisor.running(n)]
+        return left + self.node_bed().leftovers(self.node_names())
 
     def status(self) -> dict[str, bool]:
         """Each recorded daemon and whether it still runs."""
         return {n: self.supervisor.running(n) is not None for n in self.supervisor.names()}
 
-    def _write_summary(self, access: BedAccess) -> None:
+    def _write_summary(self, access: BedAccess, images: ImageSet) -> None:
         summary: dict[str, Any] = {
             "kubernetes": {
                 "server": access.kube.server,
@@ -307,19 +296,6 @@ class Bed:
                 "ssh_key": str(access.ssh_key),
                 "nodes": access.nodes,
             },
+            "images": {image.repository: image.ref for image in images.all()},
         }
         (self.state_dir / "bed.json").write_text(json.dumps(summary, indent=2))
-
-
-def _sunk() -> list[str]:
-    """The sunk CLI of this Python, for the daemons `up` starts."""
-    return [sys.executable, "-m", "sunk"]
-
-
-async def _nodes_ready(client: AsyncClient, names: Sequence[str]) -> bool:
-    ready = set()
-    async for node in client.list(Node):
-        conditions = (node.status.conditions if node.status else None) or []
-        if any(c.type == "Ready" and c.status == "True" for c in conditions):
-            ready.add(node.metadata.name if node.metadata else "")
-    return set(names) <= ready

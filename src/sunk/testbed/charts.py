@@ -1,12 +1,10 @@
-"""Both charts on the local node runtime: what `sunk local up` and the chart tests share.
+"""Both charts on the bed's nodes: what `sunk local up` and the chart tests share.
 
-The slurm chart's pods run on local nodes (the root filesystem stands in for
-the images), so its values here turn off what those sandboxes lack (cgroups,
-a mailer) and put the users' homes on a host directory every node shares.
-sunk's own components (operator, syncer) are Python and the root filesystem
-has no Python: they run on the host, as the chart's ServiceAccounts, with a
-kubeconfig holding a token from the TokenRequest API, so the chart's RBAC is
-what they are allowed.
+Every pod runs from its image (`sunk.testbed.images`, served by the bed's
+registry) on a real kubelet, sunk's own components included. The values here
+turn off what the bed lacks (a mailer), use the bed's Slurm settings, put the
+users' homes on a host directory every node shares and the charts' volumes on
+static hostPath PersistentVolumes in the bed's state directory.
 """
 
 from __future__ import annotations
@@ -22,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from lightkube import AsyncClient
+from lightkube import AsyncClient, codecs
 from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
+from sunk.testbed.images import Image, ImageSet
 from sunk.testbed.slurm import SANDBOX_SETTINGS
 
 STORAGE_CLASS = "sunk-local"
@@ -47,6 +46,7 @@ def slurm_values(
     *,
     users: Sequence[User],
     home: Path,
+    images: ImageSet | None = None,
     nodeset: str = "compute",
     backup: bool = False,
     slurm_config: Mapping[str, str | int] | None = None,
@@ -62,7 +62,13 @@ def slurm_values(
     }
     home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
     home_mount = {"name": "home", "mountPath": "/home"}
-    return {
+    image_values: dict[str, Any] = {}
+    if images is not None:
+        image_values = {
+            "image": {"repository": _repository(images.slurm), "tag": images.slurm.tag},
+        }
+    values = {
+        **image_values,
         "controller": {
             "backup": backup,
             "persistence": {"storageClassName": STORAGE_CLASS},
@@ -101,20 +107,80 @@ def slurm_values(
             "groups": [{"name": u.name, "gid": u.uid, "members": [u.name]} for u in users],
         },
     }
+    if images is not None:
+        login: dict[str, Any] = values["login"]
+        login["image"] = {"repository": _repository(images.login), "tag": images.login.tag}
+    return values
 
 
-def cluster_values(release: str) -> dict[str, Any]:
-    """Values of the sunk-cluster chart beside slurm release `release`: the
-    components' accounts and RBAC, no pods (they run on the host here)."""
-    return {
+def _repository(image: Image) -> str:
+    return image.ref.rsplit(":", 1)[0]
+
+
+def cluster_values(
+    release: str,
+    image: Image | None = None,
+    *,
+    namespace: str = "",
+    kill_wait: int = 30,
+    replicas: int = 1,
+) -> dict[str, Any]:
+    """Values of the sunk-cluster chart beside slurm release `release`: one
+    replica of each component (a two-core machine) from the bed's sunk image,
+    or none (the accounts and RBAC only) for a test that runs them itself."""
+    values: dict[str, Any] = {
         "slurm": {
             "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
             "jwtSecret": f"{release}-jwt",
+            "namespace": namespace,
         },
-        "operator": {"replicas": 0},
-        "syncer": {"replicas": 0},
-        "scheduler": {"replicas": 0},
+        "operator": {"replicas": replicas},
+        "syncer": {"replicas": replicas},
+        "scheduler": {"replicas": replicas, "killWait": kill_wait},
     }
+    if image is not None:
+        values["image"] = {"repository": _repository(image), "tag": image.tag}
+    return values
+
+
+VOLUME_COUNT = 4
+VOLUME_SIZE = "2Gi"
+
+
+async def apply_volumes(kube: AsyncClient, directory: Path) -> None:
+    """The `sunk-local` StorageClass and static hostPath PersistentVolumes for
+    the charts' claims (every node shares the host's file system). Each volume's
+    directory outlives `down`, so a later `up` finds the Slurm state again."""
+    objects: list[dict[str, Any]] = [
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": STORAGE_CLASS},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "reclaimPolicy": "Retain",
+            "volumeBindingMode": "Immediate",
+        }
+    ]
+    for index in range(1, VOLUME_COUNT + 1):
+        path = directory / f"pv-{index}"
+        await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(path.chmod, 0o777)  # any container user, like local-path
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"{STORAGE_CLASS}-{index}"},
+                "spec": {
+                    "storageClassName": STORAGE_CLASS,
+                    "capacity": {"storage": VOLUME_SIZE},
+                    "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(path), "type": "Directory"},
+                },
+            }
+        )
+    for manifest in objects:
+        await kube.apply(codecs.from_dict(manifest), force=True)
 
 
 def make_homes(home: Path, users: Sequence[User]) -> None:
@@ -223,6 +289,24 @@ async def service_account_kubeconfig(
         "current-context": account,
     }
     return await asyncio.to_thread(_write_private, path, yaml.safe_dump(config).encode())
+
+
+async def unready_pods(kube: AsyncClient, namespace: str) -> str:
+    """One line per pod of `namespace` that is not Ready, with why (for errors)."""
+    lines = []
+    async for pod in kube.list(Pod, namespace=namespace):
+        if pod_ready(pod) or pod.metadata is None:
+            continue
+        why = []
+        for status in (pod.status.containerStatuses if pod.status else None) or []:
+            waiting = status.state.waiting if status.state else None
+            if waiting is not None:
+                why.append(f"{status.name}: {waiting.reason}")
+            elif not status.ready:
+                why.append(f"{status.name}: not ready")
+        phase = pod.status.phase if pod.status else "?"
+        lines.append(f"  {pod.metadata.name} ({phase}) {'; '.join(why)}")
+    return "\n".join(lines) or "  (every pod is Ready)"
 
 
 async def wait_until(what: str, check: Any, within: float, interval: float = 0.5) -> Any:

@@ -29,6 +29,7 @@ cgroups, so nothing stays behind.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import hashlib
 import ipaddress
@@ -629,6 +630,7 @@ class NodeBed:
         self.registry = Registry(state_dir, supervisor)
         self.state_dir = state_dir
         self._log = log
+        self.started_at: datetime.datetime | None = None
 
     def nodes(self, sandbox_image: str) -> KubeletNodes:
         subnet = self.room.subnet()
@@ -644,6 +646,7 @@ class NodeBed:
 
     def start(self, specs: Sequence[NodeSpec], bin_dir: Path, sandbox_image: str) -> KubeletNodes:
         """Start what is not running (idempotent); readiness is `ready()`'s."""
+        self.started_at = datetime.datetime.now(datetime.UTC)
         subnet = self.room.up()
         self.registry.start(host=subnet.host_address)
         self.room.start_kube_proxy(bin_dir, self.control_plane)
@@ -665,7 +668,7 @@ class NodeBed:
 
         await _wait_until(
             f"nodes {', '.join(names)} Ready",
-            lambda: nodes_ready(kube, names),
+            lambda: nodes_ready(kube, names, self.started_at),
             within,
             self._logs(),
         )
@@ -699,6 +702,14 @@ class NodeBed:
         self.room.down()
         self.registry.stop()
 
+    def leftovers(self, names: Sequence[str]) -> list[str]:
+        """The room, or a node's cgroup with processes, still there (empty when clean)."""
+        left = [f"network namespace {self.room.netns}"] if self.room.netns_path.exists() else []
+        for name in names:
+            for directory in _cgroup_dirs(nodeconf.cgroup_root(self.room.tag, name)):
+                left.append(f"cgroup {directory}")
+        return left
+
 
 async def _wait_until(
     what: str, check: Callable[[], Any], within: float, explain: Callable[[], str]
@@ -712,13 +723,21 @@ async def _wait_until(
         await asyncio.sleep(0.25)
 
 
-async def nodes_ready(kube: Any, names: Sequence[str]) -> bool:
-    """Every named node has reported Ready."""
+async def nodes_ready(
+    kube: Any, names: Sequence[str], since: datetime.datetime | None = None
+) -> bool:
+    """Every named node has reported Ready (with a heartbeat after `since`: a
+    node's status outlives its kubelet, so a restarted bed looks Ready at once)."""
     from lightkube.resources.core_v1 import Node
 
     ready = set()
     async for node in kube.list(Node):
         conditions = (node.status.conditions if node.status else None) or []
-        if any(c.type == "Ready" and c.status == "True" for c in conditions):
-            ready.add(node.metadata.name)
+        for c in conditions:
+            fresh = since is None or (
+                c.lastHeartbeatTime is not None
+                and c.lastHeartbeatTime >= since - datetime.timedelta(seconds=1)
+            )
+            if c.type == "Ready" and c.status == "True" and fresh:
+                ready.add(node.metadata.name)
     return set(names) <= ready
