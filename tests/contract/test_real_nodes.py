@@ -19,17 +19,16 @@ from plugins.local import wait_for
 from plugins.nodes import RealNodes
 from sunk.testbed import nodeconf
 from sunk.testbed.kube import KubeAccess
-from sunk.testbed.nodes import nodes_ready
+from sunk.testbed.nodes import node_binaries_dir, nodes_ready
 
 pytestmark = pytest.mark.testbed
-
 
 
 def kubectl(
     access: KubeAccess, *args: str, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["kubectl", f"--kubeconfig={access.admin_kubeconfig}", *args],
+        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={access.admin_kubeconfig}", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
