@@ -21,7 +21,7 @@ apt-get install -y -qq --no-install-recommends \
   munge slurmctld slurmd slurm-client slurmrestd slurmdbd \
   slurm-wlm-jwt-plugin slurm-wlm-basic-plugins slurm-wlm-mysql-plugin \
   mariadb-server mariadb-client openssh-server \
-  iproute2 procps hostname ca-certificates curl
+  iproute2 procps hostname ca-certificates curl tini
 apt-get clean
 rm -rf /var/lib/apt/lists/*
 

@@ -50,8 +50,8 @@ def sunk(state: Path, *args: str, timeout: float = 600) -> subprocess.CompletedP
     )
 
 
-def ssh(state: Path, command: str) -> str:
-    proc = sunk(state, "ssh", command, timeout=120)
+def ssh(state: Path, command: str, timeout: float = 120) -> str:
+    proc = sunk(state, "ssh", command, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -224,6 +224,100 @@ async def test_an_eviction_waits_for_the_nodes_slurm_job(cluster: Path) -> None:
         assert "COMPLETED" in out, out
     finally:
         await kube.close()
+
+
+def job_state(cluster: Path, job: str) -> str:
+    return ssh(cluster, f"sacct -n -X -P -j {job} -o State").strip()
+
+
+def wait_job_ended(cluster: Path, job: str, within: float = 60) -> str:
+    deadline = time.monotonic() + within
+    while True:
+        state = ssh(cluster, f"squeue -h -j {job} -o %T 2>/dev/null || true").strip()
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return job_state(cluster, job)
+        assert time.monotonic() < deadline, f"job {job} still {state}"
+        time.sleep(0.5)
+
+
+def test_a_job_over_its_memory_is_killed_by_the_kernel(cluster: Path) -> None:
+    """task/cgroup with ConstrainRAMSpace in the slurmd pods: the kernel's OOM
+    killer ends the job's task in the job's own cgroup, Slurm says so."""
+    hog = "perl -e '$x = \"a\" x (300 * 1024 * 1024); sleep 5'"
+    out = ssh(cluster, f"srun --mem=50M {hog}; echo exit=$?")
+    assert "exit=0" not in out, out
+    job = ssh(cluster, "sacct -n -X -o JobID | sort -n | tail -1").strip()
+    state = wait_job_ended(cluster, job)
+    assert state.startswith("OUT_OF_MEMORY"), state
+    nodes = ssh(cluster, "sinfo -h -N -o '%N %t'").split()
+    assert "drain" not in " ".join(nodes), nodes
+
+
+def test_a_steps_stray_processes_end_with_the_job(cluster: Path) -> None:
+    """proctrack/cgroup: what a step leaves behind (a disowned sleeper) is
+    killed when the job ends; tini reaps it, so nothing stays, not even a zombie."""
+    stray = "bash -c 'setsid sleep 1000 </dev/null >/dev/null 2>&1 & disown; echo started'"
+    job = ssh(cluster, f'sbatch --parsable -w compute-local-1 --wrap "srun {stray}"').strip()
+    assert wait_job_ended(cluster, job).startswith("COMPLETED")
+    left = kubectl(
+        cluster,
+        "-n",
+        "slurm",
+        "exec",
+        "compute-local-1",
+        "-c",
+        "slurmd",
+        "--",
+        "ps",
+        "-eo",
+        "stat,args",
+    )
+    assert left.returncode == 0, left.stderr
+    assert "sleep 1000" not in left.stdout, left.stdout
+    assert not [line for line in left.stdout.splitlines() if line.startswith("Z")], left.stdout
+
+
+VARIED_JOBS = 60  # one round of five kinds; the issue's 300 ran by hand (see the issue's note)
+
+
+def test_varied_jobs_leave_no_node_drained_or_completing(cluster: Path) -> None:
+    """Jobs that fail, are cancelled while running, kill themselves, leave
+    strays, run as arrays and across nodes, one after another: afterwards no
+    node is drained and no job hangs in COMPLETING (what "Kill task failed" did)."""
+    script = f"""
+set -u
+for i in $(seq 1 {VARIED_JOBS // 5}); do
+  srun -N3 hostname >/dev/null
+  srun false 2>/dev/null
+  srun bash -c 'kill -9 $$' 2>/dev/null
+  srun bash -c '(sleep 300 >/dev/null 2>&1 &) ; exit 0'
+  id=$(sbatch --parsable --array=1-2 --wrap 'sleep 30')
+  sleep 0.5; scancel $id
+done
+echo done
+"""
+    started = time.monotonic()
+    out = ssh(cluster, script, timeout=600)
+    print(f"{VARIED_JOBS} varied jobs in {time.monotonic() - started:.1f}s")
+    assert out.strip().endswith("done"), out
+    deadline = time.monotonic() + 120
+    while (queue := ssh(cluster, "squeue -h -o '%i %T'").strip()) != "":
+        assert time.monotonic() < deadline, queue
+        time.sleep(1)
+    reasons = ssh(cluster, "sinfo -h -R -o '%N %E'").strip()
+    assert reasons == "", reasons
+    states = ssh(cluster, "sinfo -h -N -o '%t'").split()
+    assert set(states) == {"idle"}, states
+
+
+def test_sunks_components_mint_tokens_as_the_charts_user(cluster: Path) -> None:
+    """The components run as 65532 (no root) and read the JWT key through the
+    pod's fsGroup: their Slurm view is fresh."""
+    for component in ("operator", "syncer", "scheduler"):
+        who = kubectl(cluster, "-n", "slurm", "exec", f"deploy/sunk-{component}", "--", "id", "-u")
+        assert who.stdout.strip() == "65532", who.stdout + who.stderr
+    logs = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-syncer")
+    assert "Slurm view fresh" in logs.stdout, logs.stdout[-2000:]
 
 
 def test_down_then_up_brings_the_same_cluster_back(cluster: Path) -> None:

@@ -51,15 +51,30 @@ def slurm_values(
     backup: bool = False,
     slurm_config: Mapping[str, str | int] | None = None,
 ) -> dict[str, Any]:
-    """Values of the slurm chart for the local runtime: one NodeSet on the
-    nodes labelled `sunk.dev/pool=compute`, homes from the host's `home`."""
-    # The local runtime's sandboxes have no cgroups and no mailer; pid and log
-    # paths are the chart's own.
-    sandbox = {
+    """Values of the slurm chart for the bed: one NodeSet on the nodes labelled
+    `sunk.dev/pool=compute`, homes from the host's `home`.
+
+    With `images` (real nodes) Slurm keeps the chart's production settings
+    (cgroup process tracking and task containment, `PrologFlags=Alloc,Contain`);
+    without (the hand-written node agent, which ignores images and has no
+    cgroups for Slurm) the bed's light settings replace them."""
+    # The bed has no mailer; pid and log paths are the chart's own.
+    light = {
         key: value
         for key, value in SANDBOX_SETTINGS.items()
         if not key.endswith(("PidFile", "LogFile"))
     }
+    if images is not None:
+        # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem
+        # sets no cgroup limit; a job without --mem gets 200 MiB a CPU, not
+        # the whole node.
+        light = {
+            "MailProg": light["MailProg"],
+            "SlurmdParameters": light["SlurmdParameters"],
+            "DefMemPerCPU": 200,
+        }
+    else:
+        light.update({"PrologFlags": "Alloc", "SelectTypeParameters": "CR_Core"})
     home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
     home_mount = {"name": "home", "mountPath": "/home"}
     image_values: dict[str, Any] = {}
@@ -74,17 +89,14 @@ def slurm_values(
             "persistence": {"storageClassName": STORAGE_CLASS},
         },
         "slurmConfig": {
-            **sandbox,
-            "PrologFlags": "Alloc",
+            **light,
             "SlurmctldTimeout": 10,
             "SlurmdTimeout": 30,
             "MessageTimeout": 5,
             "KillWait": 2,
             "MinJobAge": 30,
-            "SelectTypeParameters": "CR_Core",
             **(slurm_config or {}),
         },
-        "cgroupConfig": "CgroupPlugin=disabled\n",
         "nodesets": [
             {
                 "name": nodeset,
@@ -110,6 +122,8 @@ def slurm_values(
     if images is not None:
         login: dict[str, Any] = values["login"]
         login["image"] = {"repository": _repository(images.login), "tag": images.login.tag}
+    else:
+        values["cgroupConfig"] = "CgroupPlugin=disabled\n"
     return values
 
 

@@ -393,14 +393,13 @@ class KubeletNodes:
                 self._indices.write_text(json.dumps(taken))
             return taken[name]
 
-    def start(self, nodes: Sequence[NodeSpec], bin_dir: Path) -> None:
+    def start(self, nodes: Sequence[NodeSpec], bin_dir: Path) -> list[str]:
         """Start each node's containerd and kubelet unless running; idempotent.
-        Readiness is the caller's to wait for (`wait_ready`)."""
+        Returns the nodes whose kubelet it started. Readiness is the caller's."""
         subnet = self.room.subnet()
         for spec in nodes:
             self._start_containerd(spec.name, bin_dir, subnet)
-        for spec in nodes:
-            self._start_kubelet(spec, bin_dir, subnet)
+        return [spec.name for spec in nodes if self._start_kubelet(spec, bin_dir, subnet)]
 
     def _start_containerd(self, name: str, bin_dir: Path, subnet: Subnet) -> None:
         paths = self.paths(name)
@@ -433,11 +432,11 @@ class KubeletNodes:
             daemon, lambda: paths.containerd_socket.exists(), timeout=30, what="(no socket)"
         )
 
-    def _start_kubelet(self, spec: NodeSpec, bin_dir: Path, subnet: Subnet) -> None:
+    def _start_kubelet(self, spec: NodeSpec, bin_dir: Path, subnet: Subnet) -> bool:
         name = spec.name
         daemon = f"kubelet-{name}"
         if self.supervisor.running(daemon):
-            return
+            return False
         paths = self.paths(name)
         index = self._index(name)
         address = subnet.node_address(index)
@@ -475,6 +474,7 @@ class KubeletNodes:
             argv.append("--register-with-taints=" + ",".join(spec.taints))
         env = node_environment(bin_dir)
         self.supervisor.spawn(daemon, self.room.enter(argv), env=env)
+        return True
 
     def names(self) -> list[str]:
         try:
@@ -630,7 +630,8 @@ class NodeBed:
         self.registry = Registry(state_dir, supervisor)
         self.state_dir = state_dir
         self._log = log
-        self.started_at: datetime.datetime | None = None
+        # Nodes whose kubelet `start` started, and when: their Ready must be newer.
+        self.restarted: dict[str, datetime.datetime] = {}
 
     def nodes(self, sandbox_image: str) -> KubeletNodes:
         subnet = self.room.subnet()
@@ -646,12 +647,12 @@ class NodeBed:
 
     def start(self, specs: Sequence[NodeSpec], bin_dir: Path, sandbox_image: str) -> KubeletNodes:
         """Start what is not running (idempotent); readiness is `ready()`'s."""
-        self.started_at = datetime.datetime.now(datetime.UTC)
+        started_at = datetime.datetime.now(datetime.UTC)
         subnet = self.room.up()
         self.registry.start(host=subnet.host_address)
         self.room.start_kube_proxy(bin_dir, self.control_plane)
         group = self.nodes(sandbox_image)
-        group.start(specs, bin_dir)
+        self.restarted = {name: started_at for name in group.start(specs, bin_dir)}
         return group
 
     async def ready(
@@ -668,7 +669,7 @@ class NodeBed:
 
         await _wait_until(
             f"nodes {', '.join(names)} Ready",
-            lambda: nodes_ready(kube, names, self.started_at),
+            lambda: nodes_ready(kube, names, self.restarted),
             within,
             self._logs(),
         )
@@ -724,19 +725,21 @@ async def _wait_until(
 
 
 async def nodes_ready(
-    kube: Any, names: Sequence[str], since: datetime.datetime | None = None
+    kube: Any, names: Sequence[str], since: Mapping[str, datetime.datetime] | None = None
 ) -> bool:
-    """Every named node has reported Ready (with a heartbeat after `since`: a
-    node's status outlives its kubelet, so a restarted bed looks Ready at once)."""
+    """Every named node has reported Ready; a node in `since` with a heartbeat
+    after its time there (a node's status outlives its kubelet, so a restarted
+    node looks Ready at once)."""
     from lightkube.resources.core_v1 import Node
 
     ready = set()
     async for node in kube.list(Node):
         conditions = (node.status.conditions if node.status else None) or []
+        started = (since or {}).get(node.metadata.name)
         for c in conditions:
-            fresh = since is None or (
+            fresh = started is None or (
                 c.lastHeartbeatTime is not None
-                and c.lastHeartbeatTime >= since - datetime.timedelta(seconds=1)
+                and c.lastHeartbeatTime >= started - datetime.timedelta(seconds=1)
             )
             if c.type == "Ready" and c.status == "True" and fresh:
                 ready.add(node.metadata.name)

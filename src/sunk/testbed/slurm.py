@@ -84,8 +84,8 @@ _DAEMON_USER_MUNGE = "munge"
 
 # Part of the root filesystem's cache name: bump it whenever testbed/slurm/*.sh
 # change what is installed, so old clones keep their root filesystem and new
-# ones build the new one (r2: slurmdbd, MariaDB, sshd for the charts).
-ROOTFS_REVISION = 2
+# ones build the new one (r2: slurmdbd, MariaDB, sshd for the charts; r3: tini).
+ROOTFS_REVISION = 3
 
 
 def rootfs_dir(suite: str) -> Path:
