@@ -307,7 +307,8 @@ echo done
     reasons = ssh(cluster, "sinfo -h -R -o '%N %E'").strip()
     assert reasons == "", reasons
     states = ssh(cluster, "sinfo -h -N -o '%t'").split()
-    assert set(states) == {"idle"}, states
+    # "plnd": the backfill pass planned a job cancelled since, until its next pass.
+    assert set(states) <= {"idle", "plnd"}, states
 
 
 def test_sunks_components_mint_tokens_as_the_charts_user(cluster: Path) -> None:
