@@ -19,14 +19,9 @@ from lightkube import AsyncClient
 
 from sunk.testbed import images
 from sunk.testbed.kube import KubeAccess, KubeControlPlane
-from sunk.testbed.nodes import (
-    KubeletNodes,
-    MachineRoom,
-    NodeBed,
-    NodeSpec,
-    ensure_node_binaries,
-)
+from sunk.testbed.nodes import KubeletNodes, NodeBed, NodeSpec, ensure_node_binaries
 from sunk.testbed.procs import Supervisor
+from sunk.testbed.room import MachineRoom
 
 NODE_COUNT = 2
 NODE_PREFIX = "kn-"

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sunk.testbed.kube import _locked, build_log, build_once
+from sunk.testbed.kube import build_log, build_once, file_lock
 from sunk.testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 from sunk.testbed.procs import Supervisor, free_port, tail
 
@@ -505,7 +505,7 @@ def ensure_images(log: Log, *, coredns: Path | None = None) -> ImageSet:
     tarball, base_sha = _ensure_base_rootfs(log)
     planned = [(spec, spec.tag(base_sha)) for spec in _specs(coredns)]
     if any(_pushed_digest(spec.repository, tag) is None for spec, tag in planned):
-        with _locked(images_dir() / "build.lock"):
+        with file_lock(images_dir() / "build.lock"):
             missing = [(s, t) for s, t in planned if _pushed_digest(s.repository, t) is None]
             if missing:
                 _build_and_push(missing, tarball, base_sha, log)

@@ -110,7 +110,7 @@ def build_once(out: Path, script: Sequence[str], what: str) -> None:
     caller waits for the first. Its output goes to `build_log(out)`."""
     out.mkdir(parents=True, exist_ok=True)
     log_file = build_log(out)
-    with _locked(out.parent / f"{out.name}.lock"):
+    with file_lock(out.parent / f"{out.name}.lock"):
         if (out / ".complete").exists():
             return
         with log_file.open("ab") as sink:
@@ -127,7 +127,8 @@ def build_once(out: Path, script: Sequence[str], what: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Held by one process at a time (flock on `path`, made if missing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -450,7 +451,7 @@ class KubeControlPlane:
         Idempotent: with everything already up this is a few health checks.
         """
         bin_dir = ensure_binaries(self._log)
-        with _locked(self.dir / ".lock"):
+        with file_lock(self.dir / ".lock"):
             state = self._prepare()
             ports = Ports(**state["ports"])
             access = KubeAccess.from_json(state["access"])
