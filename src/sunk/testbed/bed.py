@@ -231,13 +231,16 @@ class Bed:
     def ssh(
         self, key: Path, login: str, command: Sequence[str], *, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            charts.ssh_argv(key, USER_NAME, login, command),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        """Run `command` on the login pod; a time-out is exit code 124 (as timeout(1)),
+        so a check that polls takes it as "not yet"."""
+        argv = charts.ssh_argv(key, USER_NAME, login, command)
+        try:
+            return subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as expired:
+            out = expired.stdout.decode(errors="replace") if expired.stdout else ""
+            return subprocess.CompletedProcess(argv, 124, out, f"timed out after {timeout}s")
 
     def login_address(self) -> str:
         """The login pod's current address (it changes when the pod is replaced)."""
