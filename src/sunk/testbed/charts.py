@@ -59,37 +59,36 @@ def slurm_values(
     without (the hand-written node agent, which ignores images and has no
     cgroups for Slurm) the bed's light settings replace them."""
     # The bed has no mailer; pid and log paths are the chart's own.
-    light = {
-        key: value
-        for key, value in SANDBOX_SETTINGS.items()
-        if not key.endswith(("PidFile", "LogFile"))
-    }
+    agent = {k: v for k, v in SANDBOX_SETTINGS.items() if not k.endswith(("PidFile", "LogFile"))}
     if images is not None:
         # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem
         # sets no cgroup limit; a job without --mem gets 200 MiB a CPU, not
         # the whole node.
-        light = {
-            "MailProg": light["MailProg"],
-            "SlurmdParameters": light["SlurmdParameters"],
+        settings: dict[str, str | int] = {
+            "MailProg": agent["MailProg"],
+            "SlurmdParameters": agent["SlurmdParameters"],
             "DefMemPerCPU": 200,
         }
-    else:
-        light.update({"PrologFlags": "Alloc", "SelectTypeParameters": "CR_Core"})
-    home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
-    home_mount = {"name": "home", "mountPath": "/home"}
-    image_values: dict[str, Any] = {}
-    if images is not None:
-        image_values = {
+        top_level: dict[str, Any] = {
             "image": {"repository": _repository(images.slurm), "tag": images.slurm.tag},
         }
-    values = {
-        **image_values,
+        login_image: dict[str, Any] = {
+            "image": {"repository": _repository(images.login), "tag": images.login.tag}
+        }
+    else:
+        settings = {**agent, "PrologFlags": "Alloc", "SelectTypeParameters": "CR_Core"}
+        top_level = {"cgroupConfig": "CgroupPlugin=disabled\n"}
+        login_image = {}
+    home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
+    home_mount = {"name": "home", "mountPath": "/home"}
+    return {
+        **top_level,
         "controller": {
             "backup": backup,
             "persistence": {"storageClassName": STORAGE_CLASS},
         },
         "slurmConfig": {
-            **light,
+            **settings,
             "SlurmctldTimeout": 10,
             "SlurmdTimeout": 30,
             "MessageTimeout": 5,
@@ -113,18 +112,13 @@ def slurm_values(
             "authorizedKeys": {user.name: user.public_key for user in users},
             "volumes": [home_volume],
             "volumeMounts": [home_mount],
+            **login_image,
         },
         "identity": {
             "users": [{"name": u.name, "uid": u.uid, "gid": u.uid} for u in users],
             "groups": [{"name": u.name, "gid": u.uid, "members": [u.name]} for u in users],
         },
     }
-    if images is not None:
-        login: dict[str, Any] = values["login"]
-        login["image"] = {"repository": _repository(images.login), "tag": images.login.tag}
-    else:
-        values["cgroupConfig"] = "CgroupPlugin=disabled\n"
-    return values
 
 
 def _repository(image: Image) -> str:
