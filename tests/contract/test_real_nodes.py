@@ -161,7 +161,9 @@ async def test_a_node_powered_off_leaves_nothing_behind(
     assert left == []
 
     specs = [s for s in kubelet_nodes.specs if s.name == name]
-    await asyncio.to_thread(group.start, specs, kubelet_nodes.bin_dir)
+    await asyncio.to_thread(
+        kubelet_nodes.bed.start, specs, kubelet_nodes.bin_dir, kubelet_nodes.images.pause.ref
+    )
     await wait_for("the node Ready again", lambda: nodes_ready(kube, [name]), 60)
     await wait_for("the pod Running again", lambda: _restarted(kube, "sleeper", namespace), 120)
 

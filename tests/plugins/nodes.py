@@ -34,10 +34,13 @@ def _log(message: str) -> None:
 @dataclass
 class RealNodes:
     bed: NodeBed
-    group: KubeletNodes
     specs: list[NodeSpec]
     images: images.ImageSet
     bin_dir: Path
+
+    @property
+    def group(self) -> KubeletNodes:
+        return self.bed.group
 
     @property
     def room(self) -> MachineRoom:
@@ -61,12 +64,12 @@ async def kubelet_nodes(
     bin_dir = await asyncio.to_thread(ensure_node_binaries, _log)
     built = await asyncio.to_thread(images.ensure_images, _log, coredns=bin_dir / "coredns")
     assert built.coredns is not None
-    bed = NodeBed(testbed_state_dir, supervisor, kube_control_plane, _log)
+    bed = NodeBed(testbed_state_dir, supervisor, kube_control_plane)
     specs = [
         NodeSpec(f"{NODE_PREFIX}{i}", labels={"sunk.test/node": "real"})
         for i in range(1, NODE_COUNT + 1)
     ]
-    group = await asyncio.to_thread(bed.start, specs, bin_dir, built.pause.ref)
+    await asyncio.to_thread(bed.start, specs, bin_dir, built.pause.ref)
     await bed.ready(kube, kube_access, [s.name for s in specs], built.coredns.ref, 120)
-    yield RealNodes(bed, group, specs, built, bin_dir)
+    yield RealNodes(bed, specs, built, bin_dir)
     await asyncio.to_thread(bed.stop, bin_dir)

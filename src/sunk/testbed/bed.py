@@ -122,7 +122,7 @@ class Bed:
         return access
 
     def node_bed(self, log: Log = print) -> NodeBed:
-        return NodeBed(self.state_dir, self.supervisor, self.kube(log), log)
+        return NodeBed(self.state_dir, self.supervisor, self.kube(log))
 
     async def _install(
         self, kube: KubeAccess, node_bed: NodeBed, prepared: Prepared, log: Log

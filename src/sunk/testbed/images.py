@@ -443,10 +443,6 @@ class Registry:
         host, port = self._recorded()
         return f"{host}:{port}"
 
-    @property
-    def port(self) -> int:
-        return self._recorded()[1]
-
     def start(self, timeout: float = 30.0, host: str = "127.0.0.1") -> str:
         """Start it (or find it running) and return its address once it answers."""
         if self.supervisor.running(self.name) is not None and self._record.exists():

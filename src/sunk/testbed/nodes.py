@@ -24,10 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from sunk.testbed import nodeconf
-from sunk.testbed.kube import KubeAccess, KubeControlPlane, build_once, file_lock
+from sunk.testbed.charts import wait_until
+from sunk.testbed.kube import (
+    KUBERNETES_VERSION,
+    KubeAccess,
+    KubeControlPlane,
+    build_once,
+    file_lock,
+)
 from sunk.testbed.nodeconf import NodePaths, Subnet
 from sunk.testbed.paths import SCRIPTS, cache_dir
-from sunk.testbed.procs import StartError, Supervisor
+from sunk.testbed.procs import StartError, Supervisor, tail
 from sunk.testbed.room import (
     MachineRoom,
     install_cluster_dns,
@@ -53,8 +60,6 @@ CNI_BIN_DIR = "/usr/lib/cni"
 
 
 def node_binaries_dir() -> Path:
-    from sunk.testbed.kube import KUBERNETES_VERSION
-
     name = (
         f"{KUBERNETES_VERSION}-containerd-{CONTAINERD_VERSION}-coredns-{COREDNS_VERSION}"
         f"-r{NODE_BUILD_REVISION}"
@@ -64,8 +69,6 @@ def node_binaries_dir() -> Path:
 
 def ensure_node_binaries(log: Log) -> Path:
     """Build kubelet, kube-proxy, containerd, crictl, CoreDNS and KWOK unless cached."""
-    from sunk.testbed.kube import KUBERNETES_VERSION
-
     out = node_binaries_dir()
     if (out / ".complete").exists():
         return out
@@ -100,18 +103,11 @@ class KubeletNodes:
         supervisor: Supervisor,
         control_plane: KubeControlPlane,
         room: MachineRoom,
-        *,
-        registry_endpoint: str,
-        sandbox_image: str,
-        log: Log,
     ) -> None:
         self.dir = state_dir / "nodes"
         self.supervisor = supervisor
         self.control_plane = control_plane
         self.room = room
-        self.registry_endpoint = registry_endpoint
-        self.sandbox_image = sandbox_image
-        self._log = log
         self._indices = room.dir / "node-indices.json"
 
     def paths(self, name: str) -> NodePaths:
@@ -132,30 +128,46 @@ class KubeletNodes:
                 self._indices.write_text(json.dumps(taken))
             return taken[name]
 
-    def start(self, nodes: Sequence[NodeSpec], bin_dir: Path) -> list[str]:
+    def start(
+        self, nodes: Sequence[NodeSpec], bin_dir: Path, *, registry: str, sandbox_image: str
+    ) -> list[str]:
         """Start each node's containerd and kubelet unless running; idempotent.
-        Returns the nodes whose kubelet it started. Readiness is the caller's."""
+        Images come from `registry` (host:port). Returns the nodes whose kubelet
+        it started. Readiness is the caller's."""
         subnet = self.room.subnet()
+        indices = {spec.name: self._index(spec.name) for spec in nodes}
         for spec in nodes:
-            self._start_containerd(spec.name, bin_dir, subnet)
-        return [spec.name for spec in nodes if self._start_kubelet(spec, bin_dir, subnet)]
+            self._start_containerd(
+                spec.name, indices[spec.name], bin_dir, subnet, registry, sandbox_image
+            )
+        return [
+            spec.name
+            for spec in nodes
+            if self._start_kubelet(spec, subnet.node_address(indices[spec.name]), bin_dir, subnet)
+        ]
 
-    def _start_containerd(self, name: str, bin_dir: Path, subnet: Subnet) -> None:
+    def _start_containerd(
+        self,
+        name: str,
+        index: int,
+        bin_dir: Path,
+        subnet: Subnet,
+        registry: str,
+        sandbox_image: str,
+    ) -> None:
         paths = self.paths(name)
-        index = self._index(name)
         for directory in (paths.cni_conf_dir, paths.cni_ipam_dir, paths.pod_logs):
             directory.mkdir(parents=True, exist_ok=True)
         (paths.cni_conf_dir / "10-sunk.conflist").write_text(
             json.dumps(nodeconf.cni_config(subnet, index, paths.cni_ipam_dir), indent=1)
         )
-        host = self.registry_endpoint.split("://", 1)[-1]
-        registry_name = self.sandbox_image.split("/", 1)[0]
+        registry_name = sandbox_image.split("/", 1)[0]
         hosts = paths.registry_hosts / registry_name / "hosts.toml"
         hosts.parent.mkdir(parents=True, exist_ok=True)
-        hosts.write_text(nodeconf.registry_hosts_toml(f"http://{host}"))
+        hosts.write_text(nodeconf.registry_hosts_toml(f"http://{registry}"))
         paths.containerd_config.write_text(
             nodeconf.containerd_config(
-                paths, sandbox_image=self.sandbox_image, cni_bin_dir=CNI_BIN_DIR, runc=RUNC
+                paths, sandbox_image=sandbox_image, cni_bin_dir=CNI_BIN_DIR, runc=RUNC
             )
         )
         daemon = f"containerd-{name}"
@@ -171,14 +183,12 @@ class KubeletNodes:
             daemon, lambda: paths.containerd_socket.exists(), timeout=30, what="(no socket)"
         )
 
-    def _start_kubelet(self, spec: NodeSpec, bin_dir: Path, subnet: Subnet) -> bool:
+    def _start_kubelet(self, spec: NodeSpec, address: str, bin_dir: Path, subnet: Subnet) -> bool:
         name = spec.name
         daemon = f"kubelet-{name}"
         if self.supervisor.running(daemon):
             return False
         paths = self.paths(name)
-        index = self._index(name)
-        address = subnet.node_address(index)
         sh(self.room.enter(["ip", "addr", "replace", f"{address}/32", "dev", nodeconf.BRIDGE]))
         root = nodeconf.cgroup_root(self.room.tag, name)
         make_cgroup_root(root)
@@ -323,40 +333,25 @@ class NodeBed:
         state_dir: Path,
         supervisor: Supervisor,
         control_plane: KubeControlPlane,
-        log: Log,
     ) -> None:
         from sunk.testbed.images import Registry
 
         self.supervisor = supervisor
         self.control_plane = control_plane
-        self.room = MachineRoom(state_dir, supervisor, log)
+        self.room = MachineRoom(state_dir, supervisor)
         self.registry = Registry(state_dir, supervisor)
-        self.state_dir = state_dir
-        self._log = log
+        self.group = KubeletNodes(state_dir, supervisor, control_plane, self.room)
         # Nodes whose kubelet `start` started, and when: their Ready must be newer.
         self.restarted: dict[str, datetime.datetime] = {}
 
-    def nodes(self, sandbox_image: str) -> KubeletNodes:
-        subnet = self.room.subnet()
-        return KubeletNodes(
-            self.state_dir,
-            self.supervisor,
-            self.control_plane,
-            self.room,
-            registry_endpoint=f"{subnet.host_address}:{self.registry.port}",
-            sandbox_image=sandbox_image,
-            log=self._log,
-        )
-
-    def start(self, specs: Sequence[NodeSpec], bin_dir: Path, sandbox_image: str) -> KubeletNodes:
+    def start(self, specs: Sequence[NodeSpec], bin_dir: Path, sandbox_image: str) -> None:
         """Start what is not running (idempotent); readiness is `ready()`'s."""
         started_at = datetime.datetime.now(datetime.UTC)
         subnet = self.room.up()
-        self.registry.start(host=subnet.host_address)
+        registry = self.registry.start(host=subnet.host_address)
         self.room.start_kube_proxy(bin_dir, self.control_plane)
-        group = self.nodes(sandbox_image)
-        self.restarted = {name: started_at for name in group.start(specs, bin_dir)}
-        return group
+        started = self.group.start(specs, bin_dir, registry=registry, sandbox_image=sandbox_image)
+        self.restarted = {name: started_at for name in started}
 
     async def ready(
         self, kube: Any, access: KubeAccess, names: Sequence[str], dns_image: str, within: float
@@ -370,39 +365,25 @@ class NodeBed:
             deployment = await kube.get(Deployment, "coredns", namespace="kube-system")
             return bool(deployment.status and deployment.status.readyReplicas)
 
-        await _wait_until(
-            f"nodes {', '.join(names)} Ready",
-            lambda: nodes_ready(kube, names, self.restarted),
-            within,
-            self._logs(),
-        )
-        await install_cluster_dns(kube, dns_image)
-        await _wait_until("cluster DNS (CoreDNS) ready", dns_ready, within, self._logs())
-
-    def _logs(self) -> Callable[[], str]:
-        def tails() -> str:
-            from sunk.testbed.procs import tail
-
-            names = [
-                n for n in self.supervisor.names() if n.startswith(("kubelet-", "containerd-"))
-            ]
-            return "\n".join(
-                f"--- {n}\n{tail(self.supervisor.log_dir / f'{n}.log', 8)}" for n in names
+        try:
+            await wait_until(
+                f"nodes {', '.join(names)} Ready",
+                lambda: nodes_ready(kube, names, self.restarted),
+                within,
             )
+            await install_cluster_dns(kube, dns_image)
+            await wait_until("cluster DNS (CoreDNS) ready", dns_ready, within)
+        except TimeoutError as timed_out:
+            raise StartError(f"{timed_out}\n{self._log_tails()}") from None
 
-        return tails
+    def _log_tails(self) -> str:
+        """The end of each kubelet's and containerd's log, for a start that failed."""
+        names = [n for n in self.supervisor.names() if n.startswith(("kubelet-", "containerd-"))]
+        return "\n".join(f"--- {n}\n{tail(self.supervisor.log_dir / f'{n}.log', 8)}" for n in names)
 
     def stop(self, bin_dir: Path | None) -> None:
         """Every node powered off, then the room and the registry; nothing left behind."""
-        KubeletNodes(
-            self.state_dir,
-            self.supervisor,
-            self.control_plane,
-            self.room,
-            registry_endpoint="",
-            sandbox_image="",
-            log=self._log,
-        ).stop(None, bin_dir)
+        self.group.stop(None, bin_dir)
         self.room.down()
         self.registry.stop()
 
@@ -413,18 +394,6 @@ class NodeBed:
             for directory in _cgroup_dirs(nodeconf.cgroup_root(self.room.tag, name)):
                 left.append(f"cgroup {directory}")
         return left
-
-
-async def _wait_until(
-    what: str, check: Callable[[], Any], within: float, explain: Callable[[], str]
-) -> None:
-    import asyncio
-
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise StartError(f"timed out after {within:.0f}s waiting for {what}\n{explain()}")
-        await asyncio.sleep(0.25)
 
 
 async def nodes_ready(

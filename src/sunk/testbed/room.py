@@ -27,7 +27,7 @@ import ipaddress
 import json
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,6 @@ from sunk.testbed import nodeconf
 from sunk.testbed.kube import KubeAccess, KubeControlPlane, file_lock
 from sunk.testbed.nodeconf import Subnet
 from sunk.testbed.procs import Supervisor
-
-Log = Callable[[str], None]
 
 # Candidate /16s for beds' rooms, apart from the local runtime's 10.200-254.
 _CANDIDATES = [ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(160, 200)]
@@ -92,15 +90,13 @@ class MachineRoom:
     """The bed's network namespace: the link to the host, the pod bridge,
     kube-proxy, and the `kubernetes` and DNS Services that pods use."""
 
-    def __init__(self, state_dir: Path, supervisor: Supervisor, log: Log) -> None:
-        self.state_dir = state_dir
+    def __init__(self, state_dir: Path, supervisor: Supervisor) -> None:
         self.dir = state_dir / "room"
         self.supervisor = supervisor
         self.tag = bed_tag(state_dir)
         self.netns = f"sunk-{self.tag}"
         self.host_link = f"sk{self.tag}h"
         self._record = self.dir / "room.json"
-        self._log = log
 
     @property
     def netns_path(self) -> Path:
@@ -137,21 +133,15 @@ class MachineRoom:
         for key, value in KUBELET_KERNEL_SETTINGS.items():
             fake = settings / key.replace("/", ".")
             fake.write_text(f"{value}\n")
-            sh(
-                [
-                    "nsenter",
-                    f"--mount={self.mountns_path}",
-                    "--",
-                    "mount",
-                    "--bind",
-                    str(fake),
-                    f"/proc/sys/{key}",
-                ]
-            )
+            sh(self._in_mounts(["mount", "--bind", str(fake), f"/proc/sys/{key}"]))
+
+    def _in_mounts(self, argv: Sequence[str]) -> list[str]:
+        """`argv` in the room's mount namespace only (host network)."""
+        return ["nsenter", f"--mount={self.mountns_path}", "--", *argv]
 
     def mounts(self) -> list[str]:
         """Mount points inside the room."""
-        table = sh(["nsenter", f"--mount={self.mountns_path}", "--", "cat", "/proc/self/mountinfo"])
+        table = sh(self._in_mounts(["cat", "/proc/self/mountinfo"]))
         return [line.split()[4] for line in table.splitlines()]
 
     def unmount_below(self, directory: Path) -> None:
@@ -161,10 +151,7 @@ class MachineRoom:
         prefix = str(directory.resolve())
         inside = {p for p in self.mounts() if p == prefix or p.startswith(prefix + "/")}
         for point in sorted(inside, key=len, reverse=True):
-            sh(
-                ["nsenter", f"--mount={self.mountns_path}", "--", "umount", "-l", point],
-                check=False,
-            )
+            sh(self._in_mounts(["umount", "-l", point]), check=False)
 
     def subnet(self) -> Subnet:
         raw = json.loads(self._record.read_text())
