@@ -23,7 +23,7 @@ from sunk.testbed.nodes import KubeletNodes, NodeBed, NodeSpec, ensure_node_bina
 from sunk.testbed.procs import Supervisor
 from sunk.testbed.room import MachineRoom
 
-NODE_COUNT = 2
+NODE_COUNT = 5  # the NodeSet and chart e2e tests need five
 NODE_PREFIX = "kn-"
 
 

@@ -1,8 +1,11 @@
 """The scheduler end to end: real nodes running real slurmd pods, a real Slurm, the real apiserver.
 
-One module bed: a local node runtime with three nodes (4 CPUs, 2 GPUs each),
-its own Slurm with a NodeSet-style node set `k8s` (slurmd pods register as
-dynamic nodes with 2 CPUs and `Gres=gpu:2`), partitions `k8s` (the
+One module bed: three of the session's real nodes (kubelet + containerd), each
+advertising two `nvidia.com/gpu` as a device plugin would (there are no GPUs
+here: the extended resource is patched onto the node's status), its own Slurm
+with a NodeSet-style node set `k8s` (slurmd pods from the slurm image register
+as dynamic nodes with 2 CPUs and `Gres=gpu:2`, two character devices standing
+in for the GPUs' files), partitions `k8s` (the
 scheduler's default), `low` and `high` over the same nodes with partition
 priority preemption, and the scheduler in-process with a real `SlurmClient`
 and `SlurmView`, started and killed like a process.
@@ -20,13 +23,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 
-from plugins.local import LocalBed, local_bed, wait_for
+from plugins.nodes import RealNodes
+from plugins.slurm_pods import SlurmBed, create, set_capacity, slurm_bed, wait_for
 from sunk.api import LABEL_NODESET
-from sunk.local import slurmpods
-from sunk.local.node import NodeConfig
-from sunk.local.port import build
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
@@ -36,6 +37,7 @@ from sunk.scheduler.request import (
     ANNOTATION_TIME_LIMIT,
     GANG_NAME,
     GANG_SIZE,
+    GPU_RESOURCE,
     SCHEDULER_NAME,
     Options,
 )
@@ -43,7 +45,7 @@ from sunk.scheduler.run import VIEW_STALE_AFTER
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk.testbed.kube import KubeAccess, KubeControlPlane
+from sunk.testbed import slurmpods
 
 pytestmark = pytest.mark.testbed
 
@@ -64,7 +66,7 @@ SLURM_CONF = [
 
 @dataclass
 class SchedBed:
-    bed: LocalBed
+    bed: SlurmBed
     slurmd: dict[str, str]  # Slurm node → Kubernetes node
     url: str
     key: Any
@@ -93,36 +95,39 @@ class SchedBed:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def sched_bed(
-    kube_control_plane: KubeControlPlane | None, kube_access: KubeAccess, kube: AsyncClient
-) -> AsyncIterator[SchedBed]:
-    if kube_control_plane is None:
-        pytest.skip("the local runtime needs the bed's own CA")
-
-    def nodes(tag: str) -> list[NodeConfig]:
-        return [NodeConfig(f"sc{tag}-{i}", cpu="4", memory="4Gi", gpus=2) for i in (1, 2, 3)]
-
-    async with local_bed(
-        kube_control_plane,
-        kube_access,
+async def sched_bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterator[SchedBed]:
+    async with slurm_bed(
+        kubelet_nodes,
         kube,
-        nodes,
         prefix="t-sched",
         extra_conf=SLURM_CONF,
         # Slurm ignores file-less GPUs: two existing character devices stand in.
         etc_files={"gres.conf": "Name=gpu File=/dev/null,/dev/zero\n"},
     ) as bed:
         access = bed.cluster.access()
-        ns, port = bed.namespace, await bed.serve_slurm_to_pods()
+        ns, port = bed.namespace, bed.ctld_port
         slurmd = {}
-        for node in bed.nodes:
+        for node in bed.node_names[:3]:
+            await set_capacity(kube, node, {GPU_RESOURCE: "2"})
             name = f"slurmd-{node}"
-            body = slurmpods.slurmd_pod(name, ns, port, node=node, cpus=2, feature="k8s")
+            body = slurmpods.slurmd_pod(
+                name, ns, port, image=bed.image, node=node, cpus=2, feature="k8s"
+            )
             command = body["spec"]["containers"][0]["command"]
             command[-1] += " Gres=gpu:2"
             body["metadata"]["labels"][LABEL_NODESET] = "k8s"
-            await kube.create(build(Pod, body))
+            await create(kube, body)
             slurmd[name] = node
+
+        async def gpus_allocatable() -> bool:
+            for node in slurmd.values():
+                got = await kube.get(Node, node)
+                allocatable = (got.status.allocatable if got.status else None) or {}
+                if allocatable.get(GPU_RESOURCE) != "2":
+                    return False
+            return True
+
+        await wait_for("the nodes' GPUs allocatable", gpus_allocatable, timeout=30)
 
         def idle() -> bool:
             out = bed.cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
@@ -197,7 +202,7 @@ def pod_body(
     sb: SchedBed,
     name: str,
     *,
-    cpu: str = "1",
+    cpu: str = "100m",  # one Slurm CPU (rounded up); little of the node's real two
     gpus: int = 0,
     annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
@@ -205,9 +210,8 @@ def pod_body(
 ) -> Pod:
     resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": "64Mi"}}
     if gpus:
-        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
-    return build(
-        Pod,
+        resources["limits"] = {GPU_RESOURCE: str(gpus)}
+    return Pod.from_dict(
         {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -223,7 +227,7 @@ def pod_body(
                 "containers": [
                     {
                         "name": "main",
-                        "image": "slurm",
+                        "image": sb.bed.image,
                         "command": ["sleep", "3600"],
                         "resources": resources,
                     }
@@ -568,8 +572,11 @@ async def test_a_high_priority_batch_job_preempts_a_pod(
             await wait_for("the batch job to run", lambda: running(sb, vip), timeout=30)
             took = asyncio.get_running_loop().time() - started
             print(f"preemption → batch job running in {took:.2f}s")
-            # The node was held for the pod's grace: the batch job ran only once it was gone.
-            assert await get_pod(kube, sb, "humble") is None
+            # The node was held for the pod's grace: the batch job ran only once its
+            # containers had stopped (the kubelet then reports the pod terminal, and
+            # removes it a moment later).
+            pod = await get_pod(kube, sb, "humble")
+            assert pod is None or (pod.status and pod.status.phase in ("Succeeded", "Failed")), pod
             assert (await sb.job_fields(job_id)).get("JobState") != "RUNNING"
             await delete_and_wait(kube, sb, "humble")
         finally:

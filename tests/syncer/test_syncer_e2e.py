@@ -1,4 +1,5 @@
-"""The syncer end to end: real nodes that run real slurmd pods, a real Slurm, the real apiserver."""
+"""The syncer end to end: real nodes (kubelet + containerd) that run slurmd pods
+from the slurm image, a real Slurm, the real apiserver."""
 
 from __future__ import annotations
 
@@ -19,12 +20,10 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
-from plugins.local import LocalBed, local_bed, wait_for
+from plugins.nodes import RealNodes
+from plugins.slurm_pods import SlurmBed, create, slurm_bed, wait_for
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
 from sunk.kube.leader import LeaderElector
-from sunk.local import slurmpods
-from sunk.local.node import NodeConfig
-from sunk.local.port import build
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
@@ -34,7 +33,7 @@ from sunk.syncer.decide import (
     CORDON_REASON_ANNOTATION,
     LABEL_SLURM_DRAIN,
 )
-from sunk.testbed.kube import KubeAccess, KubeControlPlane
+from sunk.testbed import slurmpods
 from sunk.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.testbed
@@ -43,31 +42,25 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SyncBed:
-    bed: LocalBed
+    bed: SlurmBed
+    nodes: list[str]  # the Kubernetes nodes with a slurmd pod
     pods: dict[str, str]  # Kubernetes node → slurmd pod (= Slurm node)
     client: SlurmClient
     view: SlurmView
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def sync_bed(
-    kube_control_plane: KubeControlPlane | None, kube_access: KubeAccess, kube: AsyncClient
-) -> AsyncIterator[SyncBed]:
-    if kube_control_plane is None:
-        pytest.skip("the local runtime needs the bed's own CA")
-
-    def nodes(tag: str) -> list[NodeConfig]:
-        return [NodeConfig(f"sy{tag}-{i}") for i in (1, 2, 3)]
-
-    async with local_bed(kube_control_plane, kube_access, kube, nodes, prefix="t-sync") as bed:
+async def sync_bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterator[SyncBed]:
+    async with slurm_bed(kubelet_nodes, kube, prefix="t-sync") as bed:
         access = bed.cluster.access()
-        ns, port = bed.namespace, await bed.serve_slurm_to_pods()
+        ns, port = bed.namespace, bed.ctld_port
+        nodes = bed.node_names[:3]
         pods = {}
-        for node in bed.nodes:
+        for node in nodes:
             name = f"slurmd-{node}"
-            body = slurmpods.slurmd_pod(name, ns, port, node=node)
+            body = slurmpods.slurmd_pod(name, ns, port, image=bed.image, node=node)
             body["metadata"]["labels"][LABEL_NODESET] = "sync"
-            await kube.create(build(Pod, body))
+            await create(kube, body)
             pods[node] = name
 
         def idle() -> bool:
@@ -80,7 +73,7 @@ async def sync_bed(
         async with SlurmClient(access.restd_url, credentials) as client:
             view = SlurmView(client, interval=0.25, watch_jobs=False)
             async with view:
-                yield SyncBed(bed, pods, client, view)
+                yield SyncBed(bed, nodes, pods, client, view)
 
 
 LEASE = "sunk-syncer-test"
@@ -165,7 +158,7 @@ async def events_about(kube: AsyncClient, namespace: str, name: str) -> list[str
 async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
     kube: AsyncClient, sync_bed: SyncBed
 ) -> None:
-    node = sync_bed.bed.nodes[0]
+    node = sync_bed.nodes[0]
     slurm_node = sync_bed.pods[node]
     async with syncing(kube, sync_bed) as syncer:
         started = time.monotonic()
@@ -212,7 +205,7 @@ async def test_cordon_drains_with_its_reason_and_uncordon_resumes(
 async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
     kube: AsyncClient, sync_bed: SyncBed
 ) -> None:
-    node = sync_bed.bed.nodes[1]
+    node = sync_bed.nodes[1]
     slurm_node = sync_bed.pods[node]
     reason = "bad DIMM, ticket 42"
     cluster = sync_bed.bed.cluster
@@ -280,7 +273,7 @@ async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
 async def test_the_node_lock_taint_follows_a_running_job(
     kube: AsyncClient, sync_bed: SyncBed
 ) -> None:
-    node = sync_bed.bed.nodes[0]
+    node = sync_bed.nodes[0]
     slurm_node = sync_bed.pods[node]
 
     async def locked() -> bool:
@@ -318,7 +311,7 @@ async def test_the_node_lock_taint_follows_a_running_job(
 
 
 async def test_the_slurm_node_comment_names_its_pod(kube: AsyncClient, sync_bed: SyncBed) -> None:
-    node = sync_bed.bed.nodes[2]
+    node = sync_bed.nodes[2]
     slurm_node = sync_bed.pods[node]
     wanted = f"k8s pod {sync_bed.bed.namespace}/{slurm_node} on node {node}"
     async with syncing(kube, sync_bed):
@@ -333,7 +326,7 @@ async def test_the_slurm_node_comment_names_its_pod(kube: AsyncClient, sync_bed:
 async def test_a_drain_removed_in_slurm_while_the_cordon_lasts_is_put_back(
     kube: AsyncClient, sync_bed: SyncBed
 ) -> None:
-    node = sync_bed.bed.nodes[2]
+    node = sync_bed.nodes[2]
     slurm_node = sync_bed.pods[node]
     ours = "sunk/syncer: node cordoned"
     async with syncing(kube, sync_bed):
@@ -356,7 +349,7 @@ async def test_a_drain_removed_in_slurm_while_the_cordon_lasts_is_put_back(
 async def test_a_slurmrestd_outage_pauses_the_syncer_until_it_returns(
     kube: AsyncClient, sync_bed: SyncBed
 ) -> None:
-    node = sync_bed.bed.nodes[2]
+    node = sync_bed.nodes[2]
     slurm_node = sync_bed.pods[node]
     cluster = sync_bed.bed.cluster
     obj = await kube.get(Node, node)
@@ -447,7 +440,7 @@ async def bed_report(kube: AsyncClient, sb: SyncBed, nodes: list[str]) -> str:
             kube_side = f"pod unreadable: {error}"
         pids = slurmd_pids(name)
         try:
-            tail = "\n      ".join(sb.bed.log(name).splitlines()[-15:])
+            tail = "\n      ".join((await sb.bed.log(name, "slurmd")).splitlines()[-15:])
         except Exception as error:
             tail = f"(no log: {error})"
         lines.append(
@@ -463,7 +456,7 @@ async def test_a_hung_slurmd_shows_as_not_responding_on_kubernetes(
     """slurmd is frozen (SIGSTOP), not killed: a killed container is restarted by the
     node at once and registers again before Slurm notices; a hung slurmd is what
     Slurm marks NOT_RESPONDING, after a failed ping (up to SlurmdTimeout/3 + MessageTimeout)."""
-    node = sync_bed.bed.nodes[1]
+    node = sync_bed.nodes[1]
     slurm_node = sync_bed.pods[node]
     obj = await kube.get(Node, node)
     pod = await kube.get(Pod, slurm_node, namespace=sync_bed.bed.namespace)
@@ -591,7 +584,7 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
     print(f"chaos seed {seed} (SUNK_CHAOS_SEED={seed} replays it)")
     log.warning("chaos seed %d", seed)
     rng = random.Random(seed)  # noqa: S311 - seeded on purpose, to replay a run
-    bed, cluster = sync_bed.bed, sync_bed.bed.cluster
+    cluster = sync_bed.bed.cluster
     access = cluster.access()
     cordoned: set[str] = set()
     admin: dict[str, str] = {}  # Kubernetes node → the admin's drain reason
@@ -600,7 +593,7 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
 
     async def invariants() -> list[str]:
         broken = []
-        for node in bed.nodes:
+        for node in sync_bed.nodes:
             state, reason = await slurm_reason(sync_bed, sync_bed.pods[node])
             if not state:
                 broken.append(f"{node}: slurmctld did not answer")
@@ -620,7 +613,7 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
         step = 0
         while time.monotonic() < deadline:
             step += 1
-            node = rng.choice(bed.nodes)
+            node = rng.choice(sync_bed.nodes)
             slurm_node = sync_bed.pods[node]
             kind = rng.choices(
                 ["cordon", "admin", "syncer", "slurmrestd", "slurmctld"], [6, 4, 2, 1, 1]
@@ -657,7 +650,7 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
         settle_deadline = time.monotonic() + 120
         while broken := await invariants():
             if time.monotonic() > settle_deadline:
-                report = await bed_report(kube, sync_bed, bed.nodes)
+                report = await bed_report(kube, sync_bed, sync_bed.nodes)
                 raise AssertionError(
                     f"seed {seed}: invariants broken: {broken}; steps: {done}\n{report}"
                 )
@@ -666,7 +659,7 @@ async def test_chaos_keeps_the_invariants(kube: AsyncClient, sync_bed: SyncBed) 
     finally:
         await syncer.stop()
         await asyncio.to_thread(cluster.start_restd)
-        for node in bed.nodes:
+        for node in sync_bed.nodes:
             await set_cordon(kube, node, False)
             if node in admin:
                 await asyncio.to_thread(admin_update, cluster, sync_bed.pods[node], "state=resume")

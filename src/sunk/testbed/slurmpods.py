@@ -1,7 +1,8 @@
-"""Slurm as pods on the local runtime: the objects a NodeSet-style slurmd pod needs.
+"""Slurm as pods on real nodes: the objects a NodeSet-style slurmd pod needs.
 
-What a real slurmd pod of a NodeSet does, here against the test bed's
-slurmctld (which runs on the host, reachable at the runtime's gateway):
+What a slurmd pod of a NodeSet does, here against the test bed's own
+slurmctld (which runs on the host, reachable from pods at the room's host
+address), from the slurm image built from `images/slurm`:
 
 - `slurmctld` resolves through a selector-less Service with a hand-made
   EndpointSlice pointing at the gateway (how an external endpoint is given a
@@ -75,6 +76,7 @@ def slurmd_pod(
     namespace: str,
     ctld_port: int,
     *,
+    image: str,
     node: str | None = None,
     cpus: int = 1,
     munge_uid: int = MUNGE_ID,
@@ -88,7 +90,7 @@ def slurmd_pod(
         "initContainers": [
             {
                 "name": "munge-key",
-                "image": "slurm",
+                "image": image,
                 "command": [
                     "sh",
                     "-c",
@@ -107,7 +109,7 @@ def slurmd_pod(
             },
             {
                 "name": "munged",
-                "image": "slurm",
+                "image": image,
                 "restartPolicy": "Always",  # a native sidecar
                 "command": ["munged", "-F"],
                 "securityContext": {"runAsUser": munge_uid, "runAsGroup": munge_gid},
@@ -121,7 +123,7 @@ def slurmd_pod(
         "containers": [
             {
                 "name": "slurmd",
-                "image": "slurm",
+                "image": image,
                 "command": [
                     "slurmd",
                     "-D",
@@ -164,11 +166,11 @@ def slurmd_pod(
     }
 
 
-def nodeset_template(ctld_port: int, marker: str = "v1") -> dict[str, Any]:
+def nodeset_template(ctld_port: int, image: str, marker: str = "v1") -> dict[str, Any]:
     """A NodeSet pod template from `slurmd_pod`: slurmd takes its identity (name,
     --conf line) from the NodeSet controller's SLURMD_NODENAME and SLURMD_CONF;
     `marker` is an env var whose change makes a new revision."""
-    pod = slurmd_pod("x", "x", ctld_port, grace=2)
+    pod = slurmd_pod("x", "x", ctld_port, image=image, grace=2)
     spec = pod["spec"]
     spec.pop("nodeName", None)
     slurmd = spec["containers"][0]
