@@ -1,10 +1,11 @@
 """NodeSet end to end: the controller with the real Slurm port, real slurmd pods, real jobs.
 
-One module bed: a local node runtime with five nodes (four labelled for the
-NodeSet, the fifth labelled later), its own Slurm (no static nodes, configless,
-controller at the runtime's gateway, a `compute` partition over the NodeSet
-`compute`), and the NodeSet controller in-process with `SlurmPortForNodeSets`
-over a real `SlurmClient` + `SlurmView`. The tests run in order and share the
+One module bed: the session's five real nodes (kubelet + containerd; four
+labelled for the NodeSet, the fifth labelled later), slurmd pods from the slurm
+image, its own Slurm (no static nodes, configless, controller at the room's
+host address, a `compute` partition over the NodeSet `compute`), and the
+NodeSet controller in-process with `SlurmPortForNodeSets` over a real
+`SlurmClient` + `SlurmView`. The tests run in order and share the
 NodeSet `compute`: created in the first, updated by the later ones.
 """
 
@@ -25,20 +26,18 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from plugins.local import local_bed
+from plugins.nodes import RealNodes
+from plugins.slurm_pods import slurm_bed
 from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
 from sunk.api import nodeset as api
 from sunk.api.install import install_crds
-from sunk.local import slurmpods
-from sunk.local.node import NodeConfig
-from sunk.local.runtime import LocalRuntime
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.plan import REASON_PREFIX, REASON_SCALE_IN
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk.testbed.kube import KubeAccess, KubeControlPlane
+from sunk.testbed import slurmpods
 from sunk.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.testbed
@@ -90,7 +89,6 @@ class Operator:
 
 @dataclass
 class Bed:
-    runtime: LocalRuntime
     cluster: SlurmCluster
     kube: AsyncClient
     namespace: str
@@ -98,6 +96,7 @@ class Bed:
     operator: Operator
     ctld_port: int
     tag: str
+    image: str
     timings: dict[str, float] = field(default_factory=dict)
     last_unsettled: str = ""
 
@@ -214,38 +213,24 @@ async def unsettled(bed: Bed, count: int) -> str:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def bed(
-    kube_control_plane: KubeControlPlane | None, kube_access: KubeAccess, kube: AsyncClient
-) -> AsyncIterator[Bed]:
-    if kube_control_plane is None:
-        pytest.skip("the local runtime needs the bed's own CA to mint node identities")
+async def bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterator[Bed]:
     await install_crds(kube)
-    tags: list[str] = []
-
-    def nodes(tag: str) -> list[NodeConfig]:
-        tags.append(tag)
-        names = [f"ns{tag}-{i}" for i in range(1, 6)]
-        return [
-            NodeConfig(name, cpu="2", memory="2Gi", labels={POOL: tag} if i < 4 else {})
-            for i, name in enumerate(names)
-        ]
-
     extra_conf = [
         f"NodeSet={NAME} Feature={NAME}",
         f"PartitionName={NAME} Nodes={NAME} MaxTime=INFINITE State=UP",
     ]
-    async with local_bed(
-        kube_control_plane, kube_access, kube, nodes, prefix="t-nodeset-e2e", extra_conf=extra_conf
-    ) as local:
-        namespace = local.namespace
-        port = await local.serve_slurm_to_pods()
-        access = local.cluster.access()
+    async with slurm_bed(kubelet_nodes, kube, prefix="t-nodeset-e2e", extra_conf=extra_conf) as sb:
+        namespace, tag = sb.namespace, sb.namespace.rsplit("-", 1)[1]
+        nodes = sb.node_names[:5]
+        for node in nodes[:4]:  # the fifth joins the pool later; the bed unlabels them all
+            await kube.patch(
+                Node, node, {"metadata": {"labels": {POOL: tag}}}, patch_type=PatchType.MERGE
+            )
+        access = sb.cluster.access()
         operator = Operator(kube, access.restd_url, access.jwt_key, namespace)
         operator.start()
         try:
-            yield Bed(
-                local.runtime, local.cluster, kube, namespace, local.nodes, operator, port, tags[0]
-            )
+            yield Bed(sb.cluster, kube, namespace, nodes, operator, sb.ctld_port, tag, sb.image)
         finally:
             if not operator.crashed():
                 # Deleting the NodeSet drains its nodes, deletes its pods and
@@ -296,7 +281,7 @@ class DrainWatch:
 async def set_template(bed: Bed, marker: str, max_unavailable: int | str = 1) -> None:
     patch = {
         "spec": {
-            "template": slurmpods.nodeset_template(bed.ctld_port, marker),
+            "template": slurmpods.nodeset_template(bed.ctld_port, bed.image, marker),
             "updateStrategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxUnavailable": max_unavailable},
@@ -328,9 +313,9 @@ async def test_a_nodeset_over_four_nodes_gives_four_idle_slurm_nodes_and_grows(b
             "metadata": {"name": NAME},
             "spec": {
                 "template": {
-                    **slurmpods.nodeset_template(bed.ctld_port),
+                    **slurmpods.nodeset_template(bed.ctld_port, bed.image),
                     "spec": {
-                        **slurmpods.nodeset_template(bed.ctld_port)["spec"],
+                        **slurmpods.nodeset_template(bed.ctld_port, bed.image)["spec"],
                         "nodeSelector": {POOL: bed.tag},
                     },
                 },
@@ -430,9 +415,9 @@ async def test_two_nodesets_on_one_node_yield_one_pod_and_a_condition(bed: Bed) 
             "metadata": {"name": "rival"},
             "spec": {
                 "template": {
-                    **slurmpods.nodeset_template(bed.ctld_port),
+                    **slurmpods.nodeset_template(bed.ctld_port, bed.image),
                     "spec": {
-                        **slurmpods.nodeset_template(bed.ctld_port)["spec"],
+                        **slurmpods.nodeset_template(bed.ctld_port, bed.image)["spec"],
                         "nodeSelector": {"kubernetes.io/hostname": bed.nodes[4]},
                     },
                 },
