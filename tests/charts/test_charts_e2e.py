@@ -1,11 +1,12 @@
-"""Both charts, installed by the real helm into the test bed, run by local nodes.
+"""Both charts, installed by the real helm into the test bed, on real nodes.
 
-One module bed: the session's control plane, a local node runtime with four
-nodes (three labelled for the NodeSet), the sunk-cluster chart (CRD, RBAC)
-and the slurm chart with a backup controller, accounting, slurmrestd and a
-login pod. `sunk operator` runs in-process as the chart's ServiceAccount (the
-root filesystem has no Python). Everything a user does goes through ssh to
-the login pod, as a plain user. The tests run in order and share the release.
+One module bed: the session's control plane and its five real nodes (kubelet +
+containerd; three labelled for the NodeSet, two for the controllers), the
+sunk-cluster chart with the operator from sunk's image, and the slurm chart
+(from the slurm and login images, with Slurm's production settings) with a
+backup controller, accounting, slurmrestd and a login pod. Everything a user
+does goes through ssh to the login pod, as a plain user. The tests run in
+order and share the release.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import (
     ConfigMap,
     Namespace,
+    Node,
     PersistentVolume,
     PersistentVolumeClaim,
     Pod,
@@ -46,16 +48,15 @@ from lightkube.resources.core_v1 import (
     ServiceAccount,
 )
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.types import PatchType
 
-from plugins.local import runtime_for_tests
+from plugins.nodes import RealNodes
+from plugins.slurm_pods import node_states, restore_nodes
 from sunk.api import nodeset as nodeset_api
-from sunk.local.node import NodeConfig
-from sunk.local.runtime import LocalRuntime
-from sunk.operator import OperatorConfig, run_operator
 from sunk.testbed import charts
 from sunk.testbed.helm import Helm, HelmError, ensure_helm
-from sunk.testbed.kube import KubeAccess, KubeControlPlane
-from sunk.testbed.slurm import ensure_rootfs
+from sunk.testbed.kube import KubeAccess
+from sunk.testbed.nodes import nodes_ready
 
 pytestmark = pytest.mark.testbed
 RELEASE = "hpc"
@@ -88,7 +89,7 @@ ADMIN_REASON = "bad DIMM, ticket 42"
 class ChartBed:
     kube: AsyncClient
     helm: Helm
-    runtime: LocalRuntime
+    nodes: RealNodes
     namespace: str
     state: Path
     key: Path
@@ -114,11 +115,17 @@ class ChartBed:
         return proc
 
     async def poll_ssh(self, what: str, command: str, pattern: str, timeout: float) -> str:
+        last: list[str] = []
+
         async def matches() -> str | None:
             proc = await self.ssh(command, check=False)
+            last[:] = [f"rc {proc.returncode}: {proc.stdout}{proc.stderr}"]
             return proc.stdout if re.search(pattern, proc.stdout) else None
 
-        out: str = await charts.wait_until(what, matches, timeout, interval=1)
+        try:
+            out: str = await charts.wait_until(what, matches, timeout, interval=1)
+        except TimeoutError as late:
+            raise TimeoutError(f"{late}; last {command!r}: {''.join(last)[-1500:]}") from None
         return out
 
     def upgrade(self, values: dict[str, Any]) -> str:
@@ -139,37 +146,32 @@ class ChartBed:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def bed(
-    kube_control_plane: KubeControlPlane, kube_access: KubeAccess, kube: AsyncClient
+    kubelet_nodes: RealNodes, kube_access: KubeAccess, kube: AsyncClient
 ) -> AsyncIterator[ChartBed]:
-    rootfs = await asyncio.to_thread(ensure_rootfs)
     helm_binary = await asyncio.to_thread(ensure_helm, print)
     state = Path(tempfile.mkdtemp(prefix="sunk-ch-", dir="/tmp"))
-    tag = secrets.token_hex(2)
-    # Compute, two controller nodes (so that one can fail) and one for the rest.
-    pools = [charts.COMPUTE_POOL] * COMPUTE_NODES + ["controller"] * 2 + ["services"]
-    nodes = [
-        NodeConfig(
-            f"ch{tag}-{pool[:4]}{i}",
-            cpu="8",
-            memory="16Gi",
-            labels={charts.NODE_POOL_LABEL: pool},
-        )
-        for i, pool in enumerate(pools, start=1)
-    ]
-    runtime = runtime_for_tests(state / "nodes", rootfs, nodes, kube_control_plane, kube_access)
-    namespace = f"charts-{tag}"
+    namespace = f"charts-{secrets.token_hex(2)}"
+    names = kubelet_nodes.names
+    # Three compute nodes, two controller nodes (so that one can be powered off)
+    # and the services on the first compute node, which stays on.
+    pools = [charts.COMPUTE_POOL] * COMPUTE_NODES + ["controller"] * 2
+    assert len(names) >= len(pools)
+    before = await node_states(kube, names)
     helm = Helm(helm_binary, kube_access.admin_kubeconfig, state / "helm")
     key = state / "id_ed25519"
     user = charts.User(USER.name, USER.uid, charts.new_ssh_key(key))
     charts.make_homes(state / "home", [user])
-    values = charts.slurm_values(users=[user], home=state / "home", backup=True)
+    values = charts.slurm_values(
+        users=[user], home=state / "home", images=kubelet_nodes.images, backup=True
+    )
     # HA needs a state volume both controllers mount: a host directory here
-    # (every local node shares the host's), as ReadWriteMany storage would be.
+    # (every node shares the host's), as ReadWriteMany storage would be.
     values["controller"]["persistence"]["existingClaim"] = STATE_CLAIM
     values["controller"]["nodeSelector"] = {charts.NODE_POOL_LABEL: "controller"}
+    services = {"kubernetes.io/hostname": names[0]}
     for part in ("login", "restapi", "accounting"):
-        values.setdefault(part, {})["nodeSelector"] = {charts.NODE_POOL_LABEL: "services"}
-    values["accounting"]["mariadb"]["nodeSelector"] = {charts.NODE_POOL_LABEL: "services"}
+        values.setdefault(part, {})["nodeSelector"] = services
+    values["accounting"]["mariadb"]["nodeSelector"] = services
     # Job scripts run by run-parts on the compute pods, as root; /home is shared.
     values["prolog"] = {"10-record": f"#!/bin/sh\necho prolog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
     values["epilog"] = {"90-record": f"#!/bin/sh\necho epilog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
@@ -178,17 +180,29 @@ async def bed(
         "interval": 2,
         "scripts": {"05-admin": ADMIN_BY_MARKER, "10-marker": HEALTH_CHECK},
     }
-    operator: asyncio.Task[None] | None = None
+    # The operator runs from sunk's image as the chart deploys it; the syncer and
+    # the scheduler have e2e modules of their own.
+    cluster_values = charts.cluster_values(
+        RELEASE, kubelet_nodes.images.sunk, namespace=namespace, replicas=1
+    )
+    cluster_values["syncer"]["replicas"] = cluster_values["scheduler"]["replicas"] = 0
     try:
-        await runtime.start()
+        for name, pool in zip(names, pools, strict=False):
+            await kube.patch(
+                Node,
+                name,
+                {"metadata": {"labels": {charts.NODE_POOL_LABEL: pool}}},
+                patch_type=PatchType.MERGE,
+            )
         await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        await charts.apply_volumes(kube, state / "volumes")
         await _shared_state_claim(kube, namespace, state / "ctld-state")
         await asyncio.to_thread(
             helm.upgrade_install,
             "sunk",
             "sunk-cluster",
             namespace,
-            charts.cluster_values(RELEASE, replicas=0),
+            cluster_values,
             values_file=state / "cluster-values.yaml",
         )
         await asyncio.to_thread(
@@ -199,49 +213,17 @@ async def bed(
             values,
             values_file=state / "values.yaml",
         )
-        restd = await charts.wait_until(
-            "slurmrestd ready",
-            lambda: charts.pod_ip(kube, namespace, charts.component(RELEASE, "slurmrestd")),
-            180,
-        )
-        jwt = await charts.secret_file(
-            kube, namespace, f"{RELEASE}-jwt", "jwt_hs256.key", state / "jwt.key"
-        )
-        account = await charts.service_account_kubeconfig(
-            kube,
-            kube_access.server,
-            kube_access.ca_file,
-            namespace,
-            "sunk-operator",
-            state / "operator.kubeconfig",
-        )
-        operator = asyncio.create_task(
-            run_operator(
-                OperatorConfig(
-                    slurmrestd_url=f"http://{restd}:{charts.RESTAPI_PORT}",
-                    jwt_key_file=jwt,
-                    slurm_user="slurm",
-                    kubeconfig=account,
-                    namespace=namespace,
-                    lease_namespace=namespace,
-                )
-            )
-        )
         yield ChartBed(
             kube,
             helm,
-            runtime,
+            kubelet_nodes,
             namespace,
             state,
             key,
             values,
-            [f"compute-{n.name}" for n in nodes[:COMPUTE_NODES]],
+            [f"compute-{n}" for n in names[:COMPUTE_NODES]],
         )
     finally:
-        if operator is not None:
-            operator.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await operator
         for release in (RELEASE, "sunk"):
             with contextlib.suppress(HelmError):
                 await asyncio.to_thread(helm.uninstall, release, namespace)
@@ -249,9 +231,10 @@ async def bed(
             await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
         with contextlib.suppress(Exception):
             await kube.delete(Namespace, namespace)
-        with contextlib.suppress(Exception):
-            await kube.delete(PersistentVolume, namespace)
-        await runtime.stop(delete_nodes=True)
+        for pv in [namespace, *(f"{charts.STORAGE_CLASS}-{i}" for i in range(1, 5))]:
+            with contextlib.suppress(Exception):
+                await kube.delete(PersistentVolume, pv)
+        await restore_nodes(kube, before)
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -331,8 +314,7 @@ async def test_a_failing_health_check_drains_its_idle_node_until_it_passes(bed: 
         )
     except TimeoutError as late:
         shown = (await bed.ssh(f"scontrol -o show node {node}", check=False)).stdout
-        logs = sorted(bed.runtime.pods_dir().glob(f"*_{node}_*/logs/slurmd/*"))
-        tail = logs[-1].read_text(errors="replace")[-2000:] if logs else "(no slurmd log)"
+        tail = await _slurmd_log_tail(bed, node)
         raise AssertionError(f"{late}\n{shown}\nslurmd log:\n{tail}") from None
     finally:
         marker.unlink()
@@ -409,10 +391,26 @@ async def test_the_backup_controller_serves_squeue_when_the_primary_dies(
         180,
     )
     # Queued work that must survive: held jobs stay pending.
+    job_state = bed.state / "ctld-state" / "job_state"
+
+    def saved_at() -> int:
+        return job_state.stat().st_mtime_ns if job_state.exists() else 0
+
+    saved_before = saved_at()
     proc = await bed.ssh("cd && sbatch --parsable --hold --wrap 'sleep 1'")
     job = proc.stdout.strip().split(";")[0]
+
+    async def saved() -> bool:
+        return saved_at() > saved_before
+
+    # slurmctld writes its state in the background, every few seconds: a crash
+    # before that loses what came since, in Slurm as anywhere. The failover is
+    # what is tested here, so the job is on the shared volume first.
+    await charts.wait_until("slurmctld to save the job", saved, 30)
     primary_node = await _node_of(bed, f"{RELEASE}-slurmctld-0")
-    await bed.runtime.stop_node(primary_node)
+    nodes = bed.nodes
+    # Powered off: its kubelet, containerd and every container on it stop at once.
+    await asyncio.to_thread(nodes.group.stop, [primary_node], nodes.bin_dir)
     try:
         out = await bed.poll_ssh(
             "the backup answering squeue",
@@ -424,7 +422,13 @@ async def test_the_backup_controller_serves_squeue_when_the_primary_dies(
         ping = (await bed.ssh("scontrol ping", check=False)).stdout
         assert re.search(r"backup\) at \S+ is UP", ping), ping
     finally:
-        await bed.runtime.start_node(primary_node)
+        spec = next(s for s in nodes.specs if s.name == primary_node)
+        await asyncio.to_thread(nodes.bed.start, [spec], nodes.bin_dir, nodes.images.pause.ref)
+        await charts.wait_until(
+            f"{primary_node} Ready again",
+            lambda: nodes_ready(bed.kube, [primary_node], nodes.bed.restarted),
+            120,
+        )
     # The primary takes its place again once its node is back.
     await bed.poll_ssh(
         "the primary back in charge",
@@ -437,7 +441,10 @@ async def test_the_backup_controller_serves_squeue_when_the_primary_dies(
 
 @pytest.mark.timeout(600)  # two uninstalls, the pre-delete drain, then the wait
 async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
-    await asyncio.to_thread(bed.helm.uninstall, RELEASE, bed.namespace)
+    try:
+        await asyncio.to_thread(bed.helm.uninstall, RELEASE, bed.namespace)
+    except HelmError as failed:
+        raise AssertionError(f"{failed}\n{await _uninstall_report(bed)}") from None
     await asyncio.to_thread(bed.helm.uninstall, "sunk", bed.namespace)
     ns = bed.namespace
     leftover_kinds: list[Any] = [
@@ -462,7 +469,10 @@ async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
                     found.append(f"{kind.__name__}/{name}")
         async for pv in bed.kube.list(PersistentVolume):
             claim = pv.spec.claimRef if pv.spec else None
-            if claim is not None and claim.namespace == ns and claim.name != STATE_CLAIM:
+            # The bed's static volumes (reclaim policy Retain) stay, Released, as
+            # on any cluster with static provisioning; the bed deletes them.
+            static = pv.spec is not None and pv.spec.storageClassName == charts.STORAGE_CLASS
+            if claim and claim.namespace == ns and claim.name != STATE_CLAIM and not static:
                 found.append(f"PersistentVolume/{pv.metadata.name if pv.metadata else ''}")
         return found
 
@@ -480,6 +490,47 @@ async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
 
 async def _none(listing: Callable[[], Awaitable[list[str]]]) -> bool:
     return not await listing()
+
+
+async def _uninstall_report(bed: ChartBed) -> str:
+    """What a stuck uninstall needs: the NodeSets left, and the logs of the hook
+    and the operator."""
+    lines = []
+    async for obj in bed.kube.list(nodeset_api.resource(), namespace=bed.namespace):
+        lines.append(f"NodeSet {obj['metadata']['name']}: {obj.get('status')}")
+    async for pod in bed.kube.list(Pod, namespace=bed.namespace):
+        name = pod.metadata.name if pod.metadata else ""
+        if name and ("uninstall" in name or "operator" in name):
+            phase = pod.status.phase if pod.status else "?"
+            try:
+                log = "".join(
+                    [
+                        line
+                        async for line in bed.kube.log(name, namespace=bed.namespace, tail_lines=30)
+                    ]
+                )
+            except Exception as error:  # a report must not fail
+                log = f"(no log: {error})"
+            lines.append(f"--- pod {name} ({phase}):\n{log}")
+    return "\n".join(lines)
+
+
+async def _slurmd_log_tail(bed: ChartBed, slurm_node: str) -> str:
+    """The end of the slurmd log of the NodeSet pod behind `slurm_node`."""
+    k8s_node = slurm_node.removeprefix("compute-")
+    async for pod in bed.kube.list(
+        Pod, namespace=bed.namespace, fields={"spec.nodeName": k8s_node}
+    ):
+        name = pod.metadata.name if pod.metadata else ""
+        if name and name.startswith("compute"):
+            lines = [
+                line
+                async for line in bed.kube.log(
+                    name, namespace=bed.namespace, container="slurmd", tail_lines=40
+                )
+            ]
+            return "".join(lines)
+    return "(no slurmd pod)"
 
 
 async def _node_of(bed: ChartBed, pod: str) -> str:

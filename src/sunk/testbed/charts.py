@@ -46,43 +46,27 @@ def slurm_values(
     *,
     users: Sequence[User],
     home: Path,
-    images: ImageSet | None = None,
+    images: ImageSet,
     nodeset: str = "compute",
     backup: bool = False,
     slurm_config: Mapping[str, str | int] | None = None,
 ) -> dict[str, Any]:
     """Values of the slurm chart for the bed: one NodeSet on the nodes labelled
-    `sunk.dev/pool=compute`, homes from the host's `home`.
-
-    With `images` (real nodes) Slurm keeps the chart's production settings
-    (cgroup process tracking and task containment, `PrologFlags=Alloc,Contain`);
-    without (the hand-written node agent, which ignores images and has no
-    cgroups for Slurm) the bed's light settings replace them."""
-    # The bed has no mailer; pid and log paths are the chart's own.
-    agent = {k: v for k, v in SANDBOX_SETTINGS.items() if not k.endswith(("PidFile", "LogFile"))}
-    if images is not None:
-        # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem
-        # sets no cgroup limit; a job without --mem gets 200 MiB a CPU, not
-        # the whole node.
-        settings: dict[str, str | int] = {
-            "MailProg": agent["MailProg"],
-            "SlurmdParameters": agent["SlurmdParameters"],
-            "DefMemPerCPU": 200,
-        }
-        top_level: dict[str, Any] = {
-            "image": {"repository": _repository(images.slurm), "tag": images.slurm.tag},
-        }
-        login_image: dict[str, Any] = {
-            "image": {"repository": _repository(images.login), "tag": images.login.tag}
-        }
-    else:
-        settings = {**agent, "PrologFlags": "Alloc", "SelectTypeParameters": "CR_Core"}
-        top_level = {"cgroupConfig": "CgroupPlugin=disabled\n"}
-        login_image = {}
+    `sunk.dev/pool=compute`, homes from the host's `home`, every pod from the
+    bed's images. Slurm keeps the chart's production settings (cgroup process
+    tracking and task containment, `PrologFlags=Alloc,Contain`)."""
+    # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
+    # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
+    # node. The bed has no mailer.
+    settings: dict[str, str | int] = {
+        "MailProg": SANDBOX_SETTINGS["MailProg"],
+        "SlurmdParameters": SANDBOX_SETTINGS["SlurmdParameters"],
+        "DefMemPerCPU": 200,
+    }
     home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
     home_mount = {"name": "home", "mountPath": "/home"}
     return {
-        **top_level,
+        "image": {"repository": _repository(images.slurm), "tag": images.slurm.tag},
         "controller": {
             "backup": backup,
             "persistence": {"storageClassName": STORAGE_CLASS},
@@ -112,7 +96,7 @@ def slurm_values(
             "authorizedKeys": {user.name: user.public_key for user in users},
             "volumes": [home_volume],
             "volumeMounts": [home_mount],
-            **login_image,
+            "image": {"repository": _repository(images.login), "tag": images.login.tag},
         },
         "identity": {
             "users": [{"name": u.name, "uid": u.uid, "gid": u.uid} for u in users],
@@ -127,15 +111,14 @@ def _repository(image: Image) -> str:
 
 def cluster_values(
     release: str,
-    image: Image | None = None,
+    image: Image,
     *,
     namespace: str = "",
     kill_wait: int = 30,
     replicas: int = 1,
 ) -> dict[str, Any]:
     """Values of the sunk-cluster chart beside slurm release `release`: one
-    replica of each component (a two-core machine) from the bed's sunk image,
-    or none (the accounts and RBAC only) for a test that runs them itself."""
+    replica of each component (a two-core machine) from the bed's sunk image."""
     values: dict[str, Any] = {
         "slurm": {
             "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
@@ -145,9 +128,8 @@ def cluster_values(
         "operator": {"replicas": replicas},
         "syncer": {"replicas": replicas},
         "scheduler": {"replicas": replicas, "killWait": kill_wait},
+        "image": {"repository": _repository(image), "tag": image.tag},
     }
-    if image is not None:
-        values["image"] = {"repository": _repository(image), "tag": image.tag}
     return values
 
 

@@ -405,11 +405,26 @@ def coredns_manifests(image: str) -> list[dict[str, Any]]:
             "kind": "Deployment",
             "metadata": {"name": "coredns", "labels": labels, **meta},
             "spec": {
-                "replicas": 1,
+                # Two, on different nodes where there are two, as clusters run it:
+                # a node powered off does not take the cluster's names with it.
+                "replicas": 2,
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
+                        "affinity": {
+                            "podAntiAffinity": {
+                                "preferredDuringSchedulingIgnoredDuringExecution": [
+                                    {
+                                        "weight": 100,
+                                        "podAffinityTerm": {
+                                            "labelSelector": {"matchLabels": labels},
+                                            "topologyKey": "kubernetes.io/hostname",
+                                        },
+                                    }
+                                ]
+                            }
+                        },
                         "serviceAccountName": "coredns",
                         "priorityClassName": "system-cluster-critical",
                         "dnsPolicy": "Default",
