@@ -1,6 +1,6 @@
 """How late the session's event loop runs, per test module.
 
-The local runtime, the in-process controllers and the tests share one event
+The bed's fixtures, the in-process controllers and the tests share one event
 loop. When it falls behind, polls go stale and heartbeats are late, and a test
 fails far from the cause; the summary at the end of the run shows which module
 held the loop up and which tasks it left behind. A synchronous test or fixture

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
-from sunk.local.port import build
 from sunk.scheduler.controller import _refused_allocation, _time_to_stop
 from sunk.scheduler.request import (
     ANNOTATION_EXCLUSIVE,
@@ -57,8 +56,7 @@ def pod(
     }
     if grace is not None:
         spec["terminationGracePeriodSeconds"] = grace
-    return build(
-        Pod,
+    return Pod.from_dict(
         {
             "metadata": {
                 "name": name,

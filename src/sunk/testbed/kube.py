@@ -64,8 +64,8 @@ _RESERVED_KUBECONFIGS = frozenset({ADMIN, *COMPONENTS, "kube-controller-manager"
 
 # How long the node lifecycle controller waits for a node's Lease renewal
 # before marking it NotReady (default 50 s), and how often it checks (default
-# 5 s). Shortened so that node-failure tests (the local node runtime) see
-# NotReady in seconds; the runtime renews Leases every 2 s.
+# 5 s). Shortened so that node-failure tests (a real node powered off) see
+# NotReady in seconds; the bed's kubelets renew their Leases every 2 s.
 NODE_MONITOR_GRACE_PERIOD = "10s"
 NODE_MONITOR_PERIOD = "1s"
 
@@ -256,7 +256,7 @@ class Pki:
             if not self.path(f"{name}-serving.crt").exists():
                 self.issue_serving(f"{name}-serving", name, dns=["localhost"], ips=["127.0.0.1"])
         if not self.path("apiserver-kubelet-client.crt").exists():
-            # Used by the apiserver for logs/exec on kubelets (a later local node runtime).
+            # Used by the apiserver for logs and exec on kubelets.
             self.issue_client(
                 "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ["system:masters"]
             )

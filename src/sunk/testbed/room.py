@@ -38,7 +38,7 @@ from sunk.testbed.kube import KubeAccess, KubeControlPlane, file_lock
 from sunk.testbed.nodeconf import Subnet
 from sunk.testbed.procs import Supervisor
 
-# Candidate /16s for beds' rooms, apart from the local runtime's 10.200-254.
+# Candidate /16s for beds' rooms (each picks one no host route overlaps).
 _CANDIDATES = [ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(160, 200)]
 _SUBNET_LOCK = Path("/run/lock/sunk-testbed-subnets.lock")
 KUBE_PROXY = "kube-proxy"
