@@ -1,20 +1,22 @@
-"""Benchmark: a NodeSet over N local nodes, with the real Slurm and the controller in-process.
+"""Benchmark: a NodeSet over N KWOK nodes, with the real Slurm and the controller in-process.
 
     sudo .venv/bin/python bench/nodeset.py [--nodes 50] [--max-unavailable 10%]
 
-Starts its own bed in a fresh state directory (control plane; the local
-runtime with N nodes as `sunk local nodes` in a child process; a Slurm without
-static nodes, configless, controller at the runtime's gateway, with a
-partition over the NodeSet), runs the NodeSet controller in this process with
-the real Slurm port (SlurmClient + SlurmView), and prints:
+Kubernetes nodes: KWOK (simulated); slurmd: real processes started by the
+bench, one per pod (see kwok_bed.py). Starts its own bed in a fresh state
+directory (control plane; KWOK with N fake nodes of 2 CPUs and 4 GiB; a Slurm
+without static nodes, with a partition over the NodeSet; the slurmd pod
+mirror), runs the NodeSet controller in this process with the real Slurm port
+(SlurmClient + SlurmView), and prints:
 
-- time from creating the NodeSet to every Slurm node idle (and every pod Ready);
+- time from creating the NodeSet to every Slurm node idle (and every pod Ready,
+  which the mirror reports once its slurmd accepts connections);
 - time for a full rolling update of idle nodes (template change until every
   pod is of the new revision, Ready, and idle and undrained in Slurm);
 - this process's CPU time and memory over each phase (the controller is most
   of what runs here; the benchmark's own polling is one `sinfo` subprocess and
-  one pod LIST every 0.5 s, every 2 s at 200 nodes: a LIST of 200 pods is
-  ~1 MB to serve and parse), and the peak of Python allocations (tracemalloc).
+  one pod LIST every 0.5 s, every 2 s at 200 nodes), and the peak of Python
+  allocations (tracemalloc); KWOK's and the mirror's CPU apart.
 """
 
 from __future__ import annotations
@@ -23,11 +25,8 @@ import argparse
 import asyncio
 import logging
 import resource
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -38,21 +37,17 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 sys.path.insert(0, str(Path(__file__).parent))
-from local_runtime import gateway, serve_slurm, spawn_nodes, tear_down, wait_nodes
+from kwok_bed import STAND_INS, kwok_bed, load_average, nodeset_template
 from sunk.api import LABEL_NODESET, LABEL_TEMPLATE_HASH
 from sunk.api import nodeset as api
 from sunk.api.install import install_crds
 from sunk.kube.client import pod_ready
-from sunk.local import slurmpods
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk.testbed import kube as testbed_kube
-from sunk.testbed.kube import KubeControlPlane, async_client
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk.testbed.slurm import SlurmCluster
 
 NAMESPACE = "bench"
 NAME = "compute"
@@ -93,111 +88,106 @@ async def wait_settled(
         await asyncio.sleep(max(0.5, count / 100))
 
 
-async def bench(nodes: int, max_unavailable: str, node_grace: str) -> None:
+async def bench(nodes: int, max_unavailable: str, node_grace: str, keep: bool) -> None:
     # A benchmark run in the background ignores SIGINT: let SIGTERM clean up too.
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
-    state = Path(tempfile.mkdtemp(prefix="sunk-bench-ns-", dir="/tmp"))
-    supervisor = Supervisor(state)
-    control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)
-    cluster: SlurmCluster | None = None
-    runtime: subprocess.Popen[bytes] | None = None
-    kube: AsyncClient | None = None
     controller_task: asyncio.Task[None] | None = None
-    rootfs = ensure_rootfs()
-    # The test bed shortens kube-controller-manager's node-monitor-grace-period
-    # to 10 s so failure tests see NotReady fast; on a loaded machine a node
-    # agent serving 200 nodes lags past that and its pods count as unavailable.
-    testbed_kube.NODE_MONITOR_GRACE_PERIOD = node_grace
-    try:
-        access = control_plane.start()
-        names = [f"bench-{i}" for i in range(1, nodes + 1)]
-        runtime = spawn_nodes(state, nodes, "2", "4Gi")
-        kube = async_client(access.admin_kubeconfig, field_manager="bench")
-        await wait_nodes(kube, names, 120)
-        address = gateway(state)
-        cluster = SlurmCluster(
-            state,
-            supervisor,
-            rootfs,
-            nodes=0,
-            controller_address=address,
-            extra_conf=[
-                "SlurmctldParameters=enable_configless",
-                f"NodeSet={NAME} Feature={NAME}",
-                f"PartitionName={NAME} Nodes={NAME} MaxTime=INFINITE State=UP",
-            ],
-        )
-        slurm = await asyncio.to_thread(cluster.start)
-        await install_crds(kube)
-        await serve_slurm(kube, NAMESPACE, slurm, address)
-        port = slurm.slurmctld_port
+    slurm_conf = [
+        f"NodeSet={NAME} Feature={NAME}",
+        f"PartitionName={NAME} Nodes={NAME} MaxTime=INFINITE State=UP",
+    ]
+    async with kwok_bed(
+        nodes,
+        cpu="2",
+        memory="4Gi",
+        slurm_conf=slurm_conf,
+        max_node_count=nodes * 2 + 100,
+        namespaces=[NAMESPACE],
+        node_grace=node_grace,
+        keep=keep,
+    ) as bed:
+        kube, cluster, slurm = bed.kube, bed.cluster, bed.slurm
+        try:
+            await install_crds(kube)
+            tracemalloc.start()
+            cpu0, _ = usage()
+            side0 = {d: bed.stats(d)["cpu_s"] for d in ("kwok", "slurmd-mirror")}
+            client = SlurmClient(slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root"))
+            view = SlurmView(client, watch_jobs=False)
+            await view.start()
+            port_ = SlurmPortForNodeSets(client, view)
+            controller = NodeSetController(kube, port_, namespace=NAMESPACE)
 
-        tracemalloc.start()
-        cpu0, _ = usage()
-        client = SlurmClient(slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root"))
-        view = SlurmView(client, watch_jobs=False)
-        await view.start()
-        port_ = SlurmPortForNodeSets(client, view)
-        controller = NodeSetController(kube, port_, namespace=NAMESPACE)
+            async def run_controller() -> None:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(port_.run())
+                    group.create_task(controller.run())
 
-        async def run_controller() -> None:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(port_.run())
-                group.create_task(controller.run())
-
-        controller_task = asyncio.create_task(run_controller())
-        NodeSet = api.resource()
-        body = {
-            "metadata": {"name": NAME, "namespace": NAMESPACE},
-            "spec": {
-                "template": slurmpods.nodeset_template(port, "v1"),
-                "updateStrategy": {
-                    "type": "RollingUpdate",
-                    "rollingUpdate": {"maxUnavailable": max_unavailable},
+            controller_task = asyncio.create_task(run_controller())
+            NodeSet = api.resource()
+            body = {
+                "metadata": {"name": NAME, "namespace": NAMESPACE},
+                "spec": {
+                    "template": nodeset_template("v1"),
+                    "updateStrategy": {
+                        "type": "RollingUpdate",
+                        "rollingUpdate": {"maxUnavailable": max_unavailable},
+                    },
                 },
-            },
-        }
-        t = time.monotonic()
-        await kube.create(NodeSet(body))
-        await wait_settled(kube, cluster, nodes, None, 900)
-        created_s = time.monotonic() - t
-        cpu1, rss1 = usage()
-        _, heap1 = tracemalloc.get_traced_memory()
+            }
+            loads = [load_average()]
+            t = time.monotonic()
+            await kube.create(NodeSet(body))
+            await wait_settled(kube, cluster, nodes, None, 900)
+            created_s = time.monotonic() - t
+            cpu1, rss1 = usage()
+            _, heap1 = tracemalloc.get_traced_memory()
+            side1 = {d: bed.stats(d)["cpu_s"] for d in side0}
+            loads.append(load_average())
 
-        await asyncio.sleep(10)
-        cpu2, _ = usage()
+            await asyncio.sleep(10)
+            cpu2, _ = usage()
+            side2 = {d: bed.stats(d)["cpu_s"] for d in side0}
 
-        patch = {"spec": {"template": slurmpods.nodeset_template(port, "v2")}}
-        t = time.monotonic()
-        await kube.patch(NodeSet, NAME, patch, namespace=NAMESPACE, patch_type=PatchType.MERGE)
-        await asyncio.sleep(1)
-        obj: Any = await kube.get(NodeSet, NAME, namespace=NAMESPACE)
-        revision = obj["status"]["templateHash"]
-        await wait_settled(kube, cluster, nodes, revision, 1800)
-        rolled_s = time.monotonic() - t
-        cpu3, rss3 = usage()
-        _, heap3 = tracemalloc.get_traced_memory()
+            patch = {"spec": {"template": nodeset_template("v2")}}
+            t = time.monotonic()
+            await kube.patch(NodeSet, NAME, patch, namespace=NAMESPACE, patch_type=PatchType.MERGE)
+            await asyncio.sleep(1)
+            obj: Any = await kube.get(NodeSet, NAME, namespace=NAMESPACE)
+            revision = obj["status"]["templateHash"]
+            await wait_settled(kube, cluster, nodes, revision, 1800)
+            rolled_s = time.monotonic() - t
+            cpu3, rss3 = usage()
+            _, heap3 = tracemalloc.get_traced_memory()
+            side3 = {d: bed.stats(d)["cpu_s"] for d in side0}
+            loads.append(load_average())
 
-        print(
-            f"\nNodeSet over {nodes} local nodes (maxUnavailable {max_unavailable},"
-            f" node-monitor-grace-period {node_grace}), 2 cores:"
-        )
-        print(f"  creation → all {nodes} Slurm nodes idle     {created_s:7.1f} s")
-        print(f"  full rolling update, idle nodes          {rolled_s:7.1f} s")
-        print("controller process (in-process controller + benchmark polling):")
-        print(f"  cpu, creation phase                      {cpu1 - cpu0:7.1f} s")
-        print(f"  cpu, 10 s steady state                   {cpu2 - cpu1:7.2f} s")
-        print(f"  cpu, rolling update                      {cpu3 - cpu2:7.1f} s")
-        print(f"  max rss after creation / after update    {rss1:.0f} / {rss3:.0f} MiB")
-        print(f"  python heap peak (tracemalloc)           {max(heap1, heap3) / 2**20:.1f} MiB")
-        print(f"  slurmrestd requests                      {client.stats!r}")
-    finally:
-        if controller_task is not None:
-            controller_task.cancel()
-        await tear_down(kube, runtime, cluster, supervisor)
-        shutil.rmtree(state, ignore_errors=True)
+            print(
+                f"\nNodeSet over {nodes} KWOK nodes (maxUnavailable {max_unavailable},"
+                f" node-monitor-grace-period {node_grace}), 2 cores:"
+            )
+            print(f"  ({STAND_INS})")
+            print(f"  creation → all {nodes} Slurm nodes idle     {created_s:7.1f} s")
+            print(f"  full rolling update, idle nodes          {rolled_s:7.1f} s")
+            print("controller process (in-process controller + benchmark polling):")
+            print(f"  cpu, creation phase                      {cpu1 - cpu0:7.1f} s")
+            print(f"  cpu, 10 s steady state                   {cpu2 - cpu1:7.2f} s")
+            print(f"  cpu, rolling update                      {cpu3 - cpu2:7.1f} s")
+            print(f"  max rss after creation / after update    {rss1:.0f} / {rss3:.0f} MiB")
+            print(f"  python heap peak (tracemalloc)           {max(heap1, heap3) / 2**20:.1f} MiB")
+            print(f"  slurmrestd requests                      {client.stats!r}")
+            print("stand-ins (their own processes), cpu creation / 10 s steady / update:")
+            for daemon in side0:
+                print(
+                    f"  {daemon:40s} {side1[daemon] - side0[daemon]:.1f} /"
+                    f" {side2[daemon] - side1[daemon]:.2f} / {side3[daemon] - side2[daemon]:.1f} s"
+                )
+            print(f"load average before / after creation / after update: {' | '.join(loads)}")
+        finally:
+            if controller_task is not None:
+                controller_task.cancel()
 
 
 def main() -> None:
@@ -212,12 +202,13 @@ def main() -> None:
         help="kube-controller-manager --node-monitor-grace-period (Kubernetes' default: 50s)",
     )
     parser.add_argument("--log", type=Path, help="write the controller's and Slurm view's log here")
+    parser.add_argument("--keep", action="store_true", help="keep the state directory (logs)")
     args = parser.parse_args()
     if args.log:
         logging.basicConfig(
             filename=args.log, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
         )
-    asyncio.run(bench(args.nodes, args.max_unavailable, args.node_grace))
+    asyncio.run(bench(args.nodes, args.max_unavailable, args.node_grace, args.keep))
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 
     sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000] [--slurm-conf LINE]
 
-One run, one bed (fresh state directory): the real control plane (its stock
-kube-scheduler included), `sunk scheduler` as a process of its own, and a
-real Slurm whose N static nodes are slurmd processes on this host (`tb1`…),
-in a partition with `OverSubscribe=FORCE` so that 1,000 one-CPU placeholder
-jobs fit on a few 2-CPU nodes. On the Kubernetes side the same N nodes are
-Node objects without a kubelet (bound pods are not started: this measures
-placement, not pod start-up), each with a NodeSet-style slurmd pod object
-that maps Slurm node `tbK` to Node `bench-K`.
+One run, one bed (fresh state directory). Kubernetes nodes: KWOK (simulated);
+slurmd: real processes started by the bench, one per pod (see kwok_bed.py).
+The real control plane (its stock kube-scheduler included), `sunk scheduler`
+as a process of its own, KWOK with N fake nodes (1,000 CPUs each for
+Kubernetes, so a thousand one-CPU pods fit), and a real Slurm whose N dynamic
+nodes `tb1`… are slurmd processes that the bench's pod mirror starts for N
+NodeSet-style slurmd pods (pod `tbK` on KWOK node `bench-K`: the mapping the
+scheduler reads), in a partition with `OverSubscribe=FORCE` so that 1,000
+one-CPU placeholder jobs fit on a few 2-CPU nodes. KWOK marks bound pods
+Running (no container runs: this measures placement, not pod start-up).
 
 For each burst size, and for each scheduler in turn, the burst's pods (1 CPU,
 tolerating every taint) are created by 16 concurrent clients; a watch
@@ -31,24 +33,22 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx2
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+from lightkube.resources.core_v1 import Pod
 
-from local_runtime import proc_stats
+sys.path.insert(0, str(Path(__file__).parent))
+from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, wait_until
 from sunk.api import LABEL_NODESET
-from sunk.local.port import build
 from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
-from sunk.testbed.kube import KubeControlPlane, async_client
-from sunk.testbed.procs import Supervisor, free_port
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk.testbed.procs import free_port
+from sunk.testbed.slurm import SlurmCluster
 
 NAMESPACE = "bench"
 NODESET_NAMESPACE = "bench-nodeset"
@@ -58,35 +58,9 @@ CREATORS = 16
 SETTLE = 10.0
 
 
-def node_body(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-
-
-def node_status() -> dict[str, Any]:
-    capacity = {"cpu": "1000", "memory": "4000Gi", "pods": "5000"}
-    return {
-        "status": {
-            "capacity": capacity,
-            "allocatable": capacity,
-            "conditions": [
-                {"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}
-            ],
-        }
-    }
-
-
-def mapping_pod(slurm_node: str, node: str) -> dict[str, Any]:
-    """What a NodeSet pod tells the scheduler: Slurm node `slurm_node` is Node `node`."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": slurm_node,
-            "namespace": NODESET_NAMESPACE,
-            "labels": {LABEL_NODESET: "b"},
-        },
-        "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurm"}]},
-    }
+def slurm_nodes_idle(cluster: SlurmCluster, count: int) -> bool:
+    out = cluster.run(["sinfo", "-h", "-N", "-p", PARTITION, "-o", "%N %t"], check=False).stdout
+    return sum(1 for line in out.splitlines() if line.split()[1:] == ["idle"]) == count
 
 
 def bench_pod(name: str, scheduler: str | None) -> Pod:
@@ -105,13 +79,16 @@ def bench_pod(name: str, scheduler: str | None) -> Pod:
     }
     if scheduler is not None:
         spec["schedulerName"] = scheduler
-    return build(
-        Pod,
+    pod = Pod.from_dict(
         {
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"bench": "1"}},
             "spec": spec,
-        },
+        }
     )
+    assert isinstance(pod, Pod)
+    return pod
 
 
 async def burst(
@@ -195,39 +172,35 @@ async def wait_no_jobs(cluster: SlurmCluster) -> None:
 
 
 async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: float) -> None:
-    state = Path(tempfile.mkdtemp(prefix="sunk-bsch-", dir="/tmp"))
-    supervisor = Supervisor(state)
-    control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)
-    cluster: SlurmCluster | None = None
-    kube: AsyncClient | None = None
-    rootfs = ensure_rootfs()
     results: dict[tuple[str, int], dict[str, float]] = {}
-    try:
-        access = control_plane.start()
-        kube = async_client(access.admin_kubeconfig, field_manager="bench")
-        cluster = SlurmCluster(
-            state,
-            supervisor,
-            rootfs,
-            nodes=nodes,
-            extra_conf=[
-                f"PartitionName={PARTITION} Nodes=tb[1-{nodes}] MaxTime=INFINITE State=UP"
-                " OverSubscribe=FORCE:256",
-                "MaxJobCount=100000",
-                *slurm_conf,
-            ],
-        )
-        slurm = await asyncio.to_thread(cluster.start)
-        for namespace in (NAMESPACE, NODESET_NAMESPACE):
-            await kube.create(build(Namespace, {"metadata": {"name": namespace}}))
-        while True:  # pods cannot be created before the namespace's default ServiceAccount
-            if [a async for a in kube.list(ServiceAccount, namespace=NAMESPACE)]:
-                break
-            await asyncio.sleep(0.1)
-        for i in range(1, nodes + 1):
-            await kube.create(build(Node, node_body(f"bench-{i}")))
-            await kube.patch(Node.Status, f"bench-{i}", node_status())
-            await kube.create(build(Pod, mapping_pod(f"tb{i}", f"bench-{i}")))
+    conf = [
+        "NodeSet=benchset Feature=bench",
+        f"PartitionName={PARTITION} Nodes=benchset MaxTime=INFINITE State=UP"
+        " OverSubscribe=FORCE:256",
+        "MaxJobCount=100000",
+        *slurm_conf,
+    ]
+    async with kwok_bed(
+        nodes,
+        cpu="1000",
+        memory="4000Gi",
+        max_pods="5000",
+        slurm_conf=conf,
+        namespaces=[NAMESPACE, NODESET_NAMESPACE],
+    ) as bed:
+        kube, cluster, slurm, access = bed.kube, bed.cluster, bed.slurm, bed.access
+        for i, node in enumerate(bed.nodes, start=1):
+            # What a NodeSet pod tells the scheduler: Slurm node tbK is Node bench-K.
+            pod = slurmd_pod(
+                f"tb{i}", NODESET_NAMESPACE, node, "Feature=bench CPUs=2", {LABEL_NODESET: "b"}
+            )
+            await kube.create(pod)
+
+        async def idle() -> bool:
+            return await asyncio.to_thread(slurm_nodes_idle, cluster, nodes)
+
+        await wait_until(f"{nodes} slurmd idle", idle, 120, every=0.5)
+        print(f"{nodes} slurmd pods idle in Slurm; load average {load_average()}", flush=True)
 
         for count in bursts:
             results[("kube-scheduler", count)] = await burst(kube, f"k{count}", count, None)
@@ -261,7 +234,7 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
             # Logs at the default level, as deployed; a trace wants every step.
             *(["-v"] if os.environ.get("BENCH_VERBOSE") else []),
         ]
-        log_path = state / "scheduler.log"
+        log_path = bed.state / "scheduler.log"
         process = spawn(argv, log_path)
         try:
             await asyncio.sleep(SETTLE)  # leader, informers synced, first submits allowed
@@ -300,6 +273,7 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
                 shutil.copy(log_path, trace)
 
         print(f"\nBursts of single-node pods, {nodes} nodes, 2 cores shared:")
+        print(f"  ({STAND_INS}; load average now {load_average()})")
         print(f"{'burst':>6} {'scheduler':<15} {'p50 s':>7} {'p99 s':>7} {'pods/s':>8}")
         for count in bursts:
             for who in ("kube-scheduler", "sunk"):
@@ -307,16 +281,6 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
                 print(f"{count:>6} {who:<15} {r['p50']:7.2f} {r['p99']:7.2f} {r['rate']:8.1f}")
             ratio = results[("sunk", count)]["rate"] / results[("kube-scheduler", count)]["rate"]
             print(f"{count:>6} sunk / kube-scheduler throughput: {ratio:.2f}")
-    finally:
-        if kube is not None:
-            for namespace in (NAMESPACE, NODESET_NAMESPACE):
-                with contextlib.suppress(Exception):
-                    await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
-            await kube.close()
-        if cluster is not None:
-            await asyncio.to_thread(cluster.stop)
-        supervisor.stop_all()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 async def run_cancellable(

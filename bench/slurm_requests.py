@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from local_runtime import proc_stats
+from kwok_bed import proc_stats
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import JobSpec

@@ -2,14 +2,15 @@
 
     sudo .venv/bin/python bench/syncer.py [--live 100] [--simulated 900]
 
-Starts its own bed in a fresh state directory: the control plane; the local
-runtime with `--live` nodes (`sunk local nodes`, a child process), each
-running one slurmd pod bound to it; a Slurm whose slurm.conf also defines
-`--simulated` nodes `sim[...]` in State=CLOUD that never register (listed
-with PrivateData=cloud, not pinged): every full node read carries all of
-them, as it would in a cluster of that size, but only the live ones have a
-Kubernetes node. Then `sunk syncer` runs as a child process, exactly as
-deployed, and the benchmark prints:
+Kubernetes nodes: KWOK (simulated); slurmd: real processes started by the
+bench, one per pod (see kwok_bed.py). Starts its own bed in a fresh state
+directory: the control plane; KWOK with `--live` fake nodes, each with one
+slurmd pod bound to it (a real slurmd, started by the bench's pod mirror); a
+Slurm whose slurm.conf also defines `--simulated` nodes `sim[...]` in
+State=CLOUD that never register (listed with PrivateData=cloud, not pinged):
+every full node read carries all of them, as it would in a cluster of that
+size, but only the live ones have a Kubernetes node. Then `sunk syncer` runs
+as a child process, exactly as deployed, and the benchmark prints:
 
 - cordon → Slurm drain: from the cordon's PATCH until slurmctld logs that it
   set sunk's drain reason (its log has millisecond stamps; reading it adds no
@@ -28,40 +29,35 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 sys.path.insert(0, str(Path(__file__).parent))
-from local_runtime import gateway, proc_stats, serve_slurm, spawn_nodes, tear_down, wait_nodes
+from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, wait_until
 from slurm_port import percentile
 from sunk.api import LABEL_NODESET
-from sunk.local import slurmpods
-from sunk.local.port import build
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import SlurmApiError
 from sunk.slurm.hostlist import compress
-from sunk.testbed.kube import KubeControlPlane, async_client
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
 
 NAMESPACE = "bench"
 ADMIN_REASON = "bench: admin drain"
 
 
 def simulated_conf(count: int) -> list[str]:
+    if count == 0:
+        return []
     names = compress(f"sim{i:05d}" for i in range(1, count + 1))
     addresses = compress(f"127.1.{i // 250}.{i % 250 + 1}" for i in range(count))
     return [
@@ -90,6 +86,17 @@ def spawn_syncer(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
+async def patch_all(kube: AsyncClient, names: list[str], body: dict[str, Any]) -> None:
+    """PATCH every node at once, at most 100 in flight (the client's connection pool)."""
+    gate = asyncio.Semaphore(100)
+
+    async def one(name: str) -> None:
+        async with gate:
+            await kube.patch(Node, name, body, patch_type=PatchType.MERGE)
+
+    await asyncio.gather(*(one(n) for n in names))
+
+
 def node_conditions(node: Node) -> dict[str, str]:
     found = (node.status.conditions if node.status else None) or []
     return {c.type: c.status for c in found}
@@ -113,16 +120,6 @@ class NodeWatch:
             elif status == "False":
                 self.clear_seen.setdefault(name, time.perf_counter())
                 self.drain_seen.pop(name, None)
-
-
-async def wait_until(
-    what: str, check: Callable[[], Awaitable[bool]], limit: float = 60, every: float = 0.02
-) -> None:
-    deadline = time.monotonic() + limit
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(every)
 
 
 class CtldLog:
@@ -177,232 +174,207 @@ def report(what: str, values: list[float]) -> None:
 
 
 async def bench(args: argparse.Namespace) -> None:
-    state = Path(tempfile.mkdtemp(prefix="sunk-bench-", dir="/tmp"))
-    supervisor = Supervisor(state)
-    control_plane = KubeControlPlane(state, supervisor, log=lambda m: None)
-    cluster: SlurmCluster | None = None
-    runtime: subprocess.Popen[bytes] | None = None
     syncer: subprocess.Popen[bytes] | None = None
-    kube: AsyncClient | None = None
     watcher: asyncio.Task[None] | None = None
-    rootfs = ensure_rootfs()
     live: int = args.live
-    try:
-        t = time.monotonic()
-        access = control_plane.start()
-        names = [f"bench-{i}" for i in range(1, live + 1)]
-        runtime = spawn_nodes(state, live, "4", "8Gi")
-        kube = async_client(access.admin_kubeconfig, field_manager="bench")
-        await wait_nodes(kube, names, 300)
-        print(f"control plane and {live} nodes Ready in {time.monotonic() - t:.1f}s", flush=True)
-        address = gateway(state)
-        cluster = SlurmCluster(
-            state,
-            supervisor,
-            rootfs,
-            nodes=0,
-            controller_address=address,
-            max_node_count=live + args.simulated + 100,
-            extra_conf=["SlurmctldParameters=enable_configless", *simulated_conf(args.simulated)],
-        )
-        slurm_access = await asyncio.to_thread(cluster.start)
-        await serve_slurm(kube, NAMESPACE, slurm_access, address)
-        t = time.monotonic()
-        pods = {}
-        for node in names:
-            pod = f"slurmd-{node}"
-            body = slurmpods.slurmd_pod(pod, NAMESPACE, slurm_access.slurmctld_port, node=node)
-            body["metadata"]["labels"][LABEL_NODESET] = "bench"
-            await kube.create(build(Pod, body))
-            pods[node] = pod
-        credentials = JwtMinter(FileKey(slurm_access.jwt_key), "root")
-        async with SlurmClient(slurm_access.restd_url, credentials) as slurm:
-
-            async def all_idle() -> bool:
-                listing = await slurm.nodes()
-                assert listing is not None
-                state_of = {n.name: n for n in listing.items}
-                up = [state_of.get(p) for p in pods.values()]
-                return all(n is not None and n.base_state == "IDLE" for n in up)
-
-            await wait_until("every slurmd idle in Slurm", all_idle, 600, every=1)
-            listing = await slurm.nodes()
-            assert listing is not None
-            print(
-                f"{live} slurmd pods idle in Slurm in {time.monotonic() - t:.1f}s; "
-                f"Slurm lists {len(listing.items)} nodes",
-                flush=True,
-            )
-
-            metrics_port = free_port()
-            argv = [
-                str(Path(sys.executable).parent / "sunk"),
-                "syncer",
-                "--slurmrestd",
-                slurm_access.restd_url,
-                "--jwt-key",
-                str(slurm_access.jwt_key),
-                "--kubeconfig",
-                str(access.admin_kubeconfig),
-                "--namespace",
-                NAMESPACE,
-                "--lease-namespace",
-                NAMESPACE,
-                "--metrics-port",
-                str(metrics_port),
-            ]
-            syncer = spawn_syncer(argv, state / "syncer.log")
-            watch = NodeWatch(kube)
-            watcher = asyncio.create_task(watch.run())
+    async with kwok_bed(
+        live,
+        cpu="4",
+        memory="8Gi",
+        slurm_conf=simulated_conf(args.simulated),
+        max_node_count=live + args.simulated + 100,
+        namespaces=[NAMESPACE],
+        keep=args.keep,
+    ) as bed:
+        try:
+            kube, slurm_access, access, state = bed.kube, bed.slurm, bed.access, bed.state
+            names = bed.nodes
             t = time.monotonic()
+            pods = {}
+            for node in names:
+                pod = f"slurmd-{node}"
+                conf = "Feature=dynamic CPUs=4 RealMemory=8192"
+                await kube.create(slurmd_pod(pod, NAMESPACE, node, conf, {LABEL_NODESET: "bench"}))
+                pods[node] = pod
+            credentials = JwtMinter(FileKey(slurm_access.jwt_key), "root")
+            async with SlurmClient(slurm_access.restd_url, credentials) as slurm:
 
-            async def mirrored() -> bool:
-                return len(watch.clear_seen) == live
+                async def all_idle() -> bool:
+                    listing = await slurm.nodes()
+                    assert listing is not None
+                    state_of = {n.name: n for n in listing.items}
+                    up = [state_of.get(p) for p in pods.values()]
+                    return all(n is not None and n.base_state == "IDLE" for n in up)
 
-            await wait_until("the first sync of every node", mirrored, 300, every=0.2)
-            print(
-                f"syncer: every node mirrored {time.monotonic() - t:.1f}s after start", flush=True
-            )
-
-            # Measure only a settled bed: on two shared cores, starting 100 nodes
-            # and pods can make nodes miss heartbeats (NotReady, which the syncer
-            # rightly drains); wait until all are Ready, none drained in Slurm,
-            # and the syncer has had nothing to do for 5 s.
-            live_pods = set(pods.values())
-
-            async def settled() -> bool:
-                ready = [node_conditions(n).get("Ready") async for n in kube.list(Node)]
+                await wait_until("every slurmd idle in Slurm", all_idle, 600, every=1)
                 listing = await slurm.nodes()
                 assert listing is not None
-                drained_now = [n for n in listing.items if n.name in live_pods and n.draining]
-                return ready.count("True") == live and not drained_now
+                print(
+                    f"{live} slurmd pods idle in Slurm in {time.monotonic() - t:.1f}s; "
+                    f"Slurm lists {len(listing.items)} nodes",
+                    flush=True,
+                )
 
-            try:
-                await wait_until("every node Ready and undrained", settled, args.settle, every=1)
-            except TimeoutError:
-                print(f"  (not settled after {args.settle:.0f} s: measuring anyway)", flush=True)
-            quiet_since, count = time.monotonic(), -1.0
-            while time.monotonic() - quiet_since < 5:
-                now = metric(metrics_port, "sunk_syncer_reconcile_seconds_count")
-                if now != count:
-                    quiet_since, count = time.monotonic(), now
-                await asyncio.sleep(0.5)
-            print(f"settled {time.monotonic() - t:.1f}s after the syncer started", flush=True)
-            print(f"\n1,000-node syncer benchmark: {live} live + {args.simulated} Slurm-only nodes")
+                metrics_port = free_port()
+                argv = [
+                    str(Path(sys.executable).parent / "sunk"),
+                    "syncer",
+                    "--slurmrestd",
+                    slurm_access.restd_url,
+                    "--jwt-key",
+                    str(slurm_access.jwt_key),
+                    "--kubeconfig",
+                    str(access.admin_kubeconfig),
+                    "--namespace",
+                    NAMESPACE,
+                    "--lease-namespace",
+                    NAMESPACE,
+                    "--metrics-port",
+                    str(metrics_port),
+                ]
+                syncer = spawn_syncer(argv, state / "syncer.log")
+                watch = NodeWatch(kube)
+                watcher = asyncio.create_task(watch.run())
+                t = time.monotonic()
 
-            # 1. cordon → Slurm drain, one node at a time.
-            ctld = CtldLog(state / "slurm" / "log" / "slurmctld.log")
-            cordon_delays = []
-            for node in names[: args.samples]:
-                pod = pods[node]
-                started = time.time()
-                body = {"spec": {"unschedulable": True}}
-                await kube.patch(Node, node, body, patch_type=PatchType.MERGE)
-                applied = await ctld.wait(pod, DRAINED, started)
-                cordon_delays.append(applied - started)
-                body = {"spec": {"unschedulable": False}}
-                await kube.patch(Node, node, body, patch_type=PatchType.MERGE)
-                try:
-                    await ctld.wait(pod, RESUMED, applied, 20)
-                except TimeoutError:  # NotReady meanwhile: sunk rightly keeps it drained
-                    print(f"  ({node} not resumed within 20 s)", flush=True)
-            report("cordon → Slurm drain", cordon_delays)
+                async def mirrored() -> bool:
+                    return len(watch.clear_seen) == live
 
-            # 2. Slurm drain → Kubernetes condition, one node at a time.
-            drain_delays = []
-            for node in names[: args.samples]:
-                pod = pods[node]
-                started = time.perf_counter()
-                await slurm.drain(pod, ADMIN_REASON)
+                await wait_until("the first sync of every node", mirrored, 300, every=0.2)
+                print(
+                    f"syncer: every node mirrored {time.monotonic() - t:.1f}s after start",
+                    flush=True,
+                )
 
-                async def on_kube(n: str = node) -> bool:
-                    return n in watch.drain_seen
+                # Measure only a settled bed: on two shared cores, starting 100 nodes
+                # and pods can make nodes miss heartbeats (NotReady, which the syncer
+                # rightly drains); wait until all are Ready, none drained in Slurm,
+                # and the syncer has had nothing to do for 5 s.
+                live_pods = set(pods.values())
 
-                await wait_until(f"{node} SlurmDrain", on_kube, 60, every=0.01)
-                drain_delays.append(watch.drain_seen[node] - started)
-                with contextlib.suppress(SlurmApiError):  # e.g. DOWN meanwhile
-                    await slurm.resume(pod)
-
-                async def cleared(n: str = node) -> bool:
-                    return n in watch.clear_seen
+                async def settled() -> bool:
+                    ready = [node_conditions(n).get("Ready") async for n in kube.list(Node)]
+                    listing = await slurm.nodes()
+                    assert listing is not None
+                    drained_now = [n for n in listing.items if n.name in live_pods and n.draining]
+                    return ready.count("True") == live and not drained_now
 
                 try:
-                    await wait_until(f"{node} SlurmDrain cleared", cleared, 20, every=0.01)
+                    await wait_until(
+                        "every node Ready and undrained", settled, args.settle, every=1
+                    )
                 except TimeoutError:
-                    print(f"  ({node}: SlurmDrain not cleared within 20 s)", flush=True)
-            report("Slurm drain → SlurmDrain on node", drain_delays)
-
-            # 3. Every node cordoned at once.
-            started = time.time()
-            await asyncio.gather(
-                *(
-                    kube.patch(
-                        Node, n, {"spec": {"unschedulable": True}}, patch_type=PatchType.MERGE
+                    print(
+                        f"  (not settled after {args.settle:.0f} s: measuring anyway)", flush=True
                     )
-                    for n in names
+                quiet_since, count = time.monotonic(), -1.0
+                while time.monotonic() - quiet_since < 5:
+                    now = metric(metrics_port, "sunk_syncer_reconcile_seconds_count")
+                    if now != count:
+                        quiet_since, count = time.monotonic(), now
+                    await asyncio.sleep(0.5)
+                print(f"settled {time.monotonic() - t:.1f}s after the syncer started", flush=True)
+                total = live + args.simulated
+                print(
+                    f"\n{total}-node syncer benchmark: {live} live + {args.simulated} Slurm-only"
+                    f" nodes (load average {load_average()})\n  ({STAND_INS})"
                 )
-            )
-            cordoned = time.time() - started
-            drained_at = [await ctld.wait(pods[n], DRAINED, started, 300) for n in names]
-            print(
-                f"  {live} nodes cordoned at once:        all drained "
-                f"{max(drained_at) - started:.2f} s after the first PATCH "
-                f"(the PATCHes took {cordoned:.2f} s)",
-                flush=True,
-            )
-            started = time.time()
-            await asyncio.gather(
-                *(
-                    kube.patch(
-                        Node, n, {"spec": {"unschedulable": False}}, patch_type=PatchType.MERGE
-                    )
-                    for n in names
-                )
-            )
-            resumed_at = []
-            for n in names:
-                with contextlib.suppress(TimeoutError):  # NotReady meanwhile: stays drained
-                    resumed_at.append(await ctld.wait(pods[n], RESUMED, started, 60))
-            print(
-                f"  {live} nodes uncordoned at once:      {len(resumed_at)} resumed, the last "
-                f"{max(resumed_at) - started:.2f} s after the first PATCH",
-                flush=True,
-            )
-            await asyncio.sleep(5)
 
-            # 4. Nothing changing.
-            requests = metric(metrics_port, "sunk_syncer_slurm_requests")
-            before = proc_stats(syncer.pid)
-            reconciles = metric(metrics_port, "sunk_syncer_reconcile_seconds_count")
-            await asyncio.sleep(args.quiet)
-            after = proc_stats(syncer.pid)
-            scale = 60 / args.quiet
-            per_minute = (metric(metrics_port, "sunk_syncer_slurm_requests") - requests) * scale
-            idle_reconciles = metric(metrics_port, "sunk_syncer_reconcile_seconds_count")
-            print(f"  nothing changing, over {args.quiet:.0f} s:")
-            print(f"    REST requests                    {per_minute:.0f} /min")
-            print(f"    reconciles                       {idle_reconciles - reconciles:.0f}")
-            print(
-                f"    syncer CPU                       "
-                f"{(after['cpu_s'] - before['cpu_s']) * scale:.2f} s/min "
-                f"({(after['cpu_s'] - before['cpu_s']) / args.quiet * 100:.1f} % of a core)"
-            )
-            print(
-                f"    syncer memory                    RSS {after['rss_mib']:.0f} MiB "
-                f"(peak {after['peak_rss_mib']:.0f} MiB), {after['threads']:.0f} threads",
-                flush=True,
-            )
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-        if syncer is not None and syncer.poll() is None:
-            syncer.send_signal(signal.SIGTERM)
-            syncer.wait(30)
-        await tear_down(kube, runtime, cluster, supervisor)
-        if args.keep:
-            print(f"state kept in {state}")
-        else:
-            shutil.rmtree(state, ignore_errors=True)
+                # 1. cordon → Slurm drain, one node at a time.
+                ctld = CtldLog(state / "slurm" / "log" / "slurmctld.log")
+                cordon_delays = []
+                for node in names[: args.samples]:
+                    pod = pods[node]
+                    started = time.time()
+                    body = {"spec": {"unschedulable": True}}
+                    await kube.patch(Node, node, body, patch_type=PatchType.MERGE)
+                    applied = await ctld.wait(pod, DRAINED, started)
+                    cordon_delays.append(applied - started)
+                    body = {"spec": {"unschedulable": False}}
+                    await kube.patch(Node, node, body, patch_type=PatchType.MERGE)
+                    try:
+                        await ctld.wait(pod, RESUMED, applied, 20)
+                    except TimeoutError:  # NotReady meanwhile: sunk rightly keeps it drained
+                        print(f"  ({node} not resumed within 20 s)", flush=True)
+                report("cordon → Slurm drain", cordon_delays)
+
+                # 2. Slurm drain → Kubernetes condition, one node at a time.
+                drain_delays = []
+                for node in names[: args.samples]:
+                    pod = pods[node]
+                    started = time.perf_counter()
+                    await slurm.drain(pod, ADMIN_REASON)
+
+                    async def on_kube(n: str = node) -> bool:
+                        return n in watch.drain_seen
+
+                    await wait_until(f"{node} SlurmDrain", on_kube, 60, every=0.01)
+                    drain_delays.append(watch.drain_seen[node] - started)
+                    with contextlib.suppress(SlurmApiError):  # e.g. DOWN meanwhile
+                        await slurm.resume(pod)
+
+                    async def cleared(n: str = node) -> bool:
+                        return n in watch.clear_seen
+
+                    try:
+                        await wait_until(f"{node} SlurmDrain cleared", cleared, 20, every=0.01)
+                    except TimeoutError:
+                        print(f"  ({node}: SlurmDrain not cleared within 20 s)", flush=True)
+                report("Slurm drain → SlurmDrain on node", drain_delays)
+
+                # 3. Every node cordoned at once.
+                started = time.time()
+                await patch_all(kube, names, {"spec": {"unschedulable": True}})
+                cordoned = time.time() - started
+                drained_at = [await ctld.wait(pods[n], DRAINED, started, 300) for n in names]
+                print(
+                    f"  {live} nodes cordoned at once:        all drained "
+                    f"{max(drained_at) - started:.2f} s after the first PATCH "
+                    f"(the PATCHes took {cordoned:.2f} s)",
+                    flush=True,
+                )
+                started = time.time()
+                await patch_all(kube, names, {"spec": {"unschedulable": False}})
+                resumed_at = []
+                for n in names:
+                    with contextlib.suppress(TimeoutError):  # NotReady meanwhile: stays drained
+                        resumed_at.append(await ctld.wait(pods[n], RESUMED, started, 60))
+                print(
+                    f"  {live} nodes uncordoned at once:      {len(resumed_at)} resumed, the last "
+                    f"{max(resumed_at) - started:.2f} s after the first PATCH",
+                    flush=True,
+                )
+                await asyncio.sleep(5)
+
+                # 4. Nothing changing.
+                requests = metric(metrics_port, "sunk_syncer_slurm_requests")
+                before = proc_stats(syncer.pid)
+                reconciles = metric(metrics_port, "sunk_syncer_reconcile_seconds_count")
+                await asyncio.sleep(args.quiet)
+                after = proc_stats(syncer.pid)
+                scale = 60 / args.quiet
+                per_minute = (metric(metrics_port, "sunk_syncer_slurm_requests") - requests) * scale
+                idle_reconciles = metric(metrics_port, "sunk_syncer_reconcile_seconds_count")
+                print(f"  nothing changing, over {args.quiet:.0f} s:")
+                print(f"    REST requests                    {per_minute:.0f} /min")
+                print(f"    reconciles                       {idle_reconciles - reconciles:.0f}")
+                print(
+                    f"    syncer CPU                       "
+                    f"{(after['cpu_s'] - before['cpu_s']) * scale:.2f} s/min "
+                    f"({(after['cpu_s'] - before['cpu_s']) / args.quiet * 100:.1f} % of a core)"
+                )
+                print(
+                    f"    syncer memory                    RSS {after['rss_mib']:.0f} MiB "
+                    f"(peak {after['peak_rss_mib']:.0f} MiB), {after['threads']:.0f} threads",
+                    flush=True,
+                )
+                print(f"  load average at the end: {load_average()}", flush=True)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if syncer is not None and syncer.poll() is None:
+                syncer.send_signal(signal.SIGTERM)
+                syncer.wait(30)
 
 
 def main() -> None:
