@@ -29,7 +29,7 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from plugins.local import wait_for
+from plugins.slurm_pods import wait_for
 from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk.testbed.bed import Bed
 from sunk.testbed.kube import async_client

@@ -15,8 +15,8 @@ import pytest
 from lightkube import AsyncClient, codecs
 from lightkube.resources.core_v1 import Node, Pod
 
-from plugins.local import wait_for
 from plugins.nodes import RealNodes
+from plugins.slurm_pods import wait_for
 from sunk.testbed import nodeconf
 from sunk.testbed.kube import KubeAccess
 from sunk.testbed.nodes import node_binaries_dir, nodes_ready
