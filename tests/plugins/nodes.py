@@ -69,7 +69,9 @@ async def kubelet_nodes(
         NodeSpec(f"{NODE_PREFIX}{i}", labels={"sunk.test/node": "real"})
         for i in range(1, NODE_COUNT + 1)
     ]
-    await asyncio.to_thread(bed.start, specs, bin_dir, built.pause.ref)
+    pull = [built.coredns.ref, built.slurm.ref, built.login.ref, built.sunk.ref]
+    await asyncio.to_thread(bed.start, specs, bin_dir, built.pause.ref, pull)
     await bed.ready(kube, kube_access, [s.name for s in specs], built.coredns.ref, 120)
+    await asyncio.to_thread(bed.reap_pulls, 120)
     yield RealNodes(bed, specs, built, bin_dir)
     await asyncio.to_thread(bed.stop, bin_dir)

@@ -115,9 +115,17 @@ class Bed:
             for name in self.node_names()
         ]
         node_bed = self.node_bed(log)
-        node_bed.start(specs, prepared.node_bin, prepared.images.pause.ref)
+        images = prepared.images
+        assert images.coredns is not None
+        # Every node pulls what the charts run while the cluster comes up: the
+        # slurm image first (the config check and most pods run it).
+        pull = [images.coredns.ref, images.slurm.ref, images.sunk.ref, images.login.ref]
+        node_bed.start(specs, prepared.node_bin, images.pause.ref, pull)
         log(f"{len(specs)} kubelets and containerds started in {time.monotonic() - t2:.1f}s")
-        access = asyncio.run(self._install(kube, node_bed, prepared, log))
+        try:
+            access = asyncio.run(self._install(kube, node_bed, prepared, log))
+        finally:
+            node_bed.reap_pulls(within=30)
         self._write_summary(access, prepared.images)
         return access
 

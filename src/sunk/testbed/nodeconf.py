@@ -315,15 +315,21 @@ def kubelet_config(
     }
 
 
-def kube_proxy_config(kubeconfig: Path, subnet: Subnet, metrics_address: str) -> dict[str, Any]:
+def kube_proxy_config(
+    kubeconfig: Path, subnet: Subnet, metrics_address: str, node: str
+) -> dict[str, Any]:
     """One kube-proxy (iptables) in the bed's namespace serves every node there.
 
-    conntrack limits are machine-wide sysctls: left alone (0 = do not set).
+    It goes by the name of one of them (`node`): kube-proxy waits up to 30 s
+    for the Node of its own name before it writes any rule, and the host's
+    name is no node's. conntrack limits are machine-wide sysctls: left alone
+    (0 = do not set).
     """
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "mode": "iptables",
+        "hostnameOverride": node,
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "clusterCIDR": subnet.pods,
         "bindAddress": subnet.namespace_address,

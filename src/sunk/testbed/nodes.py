@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -225,6 +226,32 @@ class KubeletNodes:
         self.supervisor.spawn(daemon, self.room.enter(argv), env=env)
         return True
 
+    def pull(
+        self, names: Sequence[str], refs: Sequence[str], bin_dir: Path
+    ) -> list[subprocess.Popen[bytes]]:
+        """Start pulling `refs`, in that order, on each node through its CRI, from
+        the registry, in the background: what an image pre-puller does on a real
+        cluster, so that pods do not wait for their image one after the other.
+        One pull at a time per node (unpacking is CPU-bound; the first image is
+        the one most pods need). A pod whose image is not there yet pulls it itself."""
+        pulls = []
+        for name in names:
+            crictl = [
+                str(bin_dir / "crictl"),
+                f"--runtime-endpoint=unix://{self.paths(name).containerd_socket}",
+                "pull",
+            ]
+            chain = " ; ".join(shlex.join([*crictl, ref]) for ref in refs)
+            pulls.append(
+                subprocess.Popen(
+                    self.room.enter(["sh", "-c", chain]),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        return pulls
+
     def names(self) -> list[str]:
         try:
             return sorted(p.name for p in self.dir.iterdir() if p.is_dir())
@@ -343,15 +370,25 @@ class NodeBed:
         self.group = KubeletNodes(state_dir, supervisor, control_plane, self.room)
         # Nodes whose kubelet `start` started, and when: their Ready must be newer.
         self.restarted: dict[str, datetime.datetime] = {}
+        self._pulls: list[subprocess.Popen[bytes]] = []
 
-    def start(self, specs: Sequence[NodeSpec], bin_dir: Path, sandbox_image: str) -> None:
-        """Start what is not running (idempotent); readiness is `ready()`'s."""
+    def start(
+        self,
+        specs: Sequence[NodeSpec],
+        bin_dir: Path,
+        sandbox_image: str,
+        pull: Sequence[str] = (),
+    ) -> None:
+        """Start what is not running (idempotent), and begin pulling the images
+        in `pull` on every node; readiness is `ready()`'s."""
         started_at = datetime.datetime.now(datetime.UTC)
         subnet = self.room.up()
         registry = self.registry.start(host=subnet.host_address)
-        self.room.start_kube_proxy(bin_dir, self.control_plane)
+        self.room.start_kube_proxy(bin_dir, self.control_plane, specs[0].name)
         started = self.group.start(specs, bin_dir, registry=registry, sandbox_image=sandbox_image)
         self.restarted = {name: started_at for name in started}
+        if pull:
+            self._pulls += self.group.pull([spec.name for spec in specs], pull, bin_dir)
 
     async def ready(
         self, kube: Any, access: KubeAccess, names: Sequence[str], dns_image: str, within: float
@@ -365,16 +402,29 @@ class NodeBed:
             deployment = await kube.get(Deployment, "coredns", namespace="kube-system")
             return bool(deployment.status and deployment.status.readyReplicas)
 
+        # CoreDNS is applied at once: it is scheduled as soon as a node is Ready.
+        await install_cluster_dns(kube, dns_image)
         try:
             await wait_until(
                 f"nodes {', '.join(names)} Ready",
                 lambda: nodes_ready(kube, names, self.restarted),
                 within,
             )
-            await install_cluster_dns(kube, dns_image)
             await wait_until("cluster DNS (CoreDNS) ready", dns_ready, within)
         except TimeoutError as timed_out:
             raise StartError(f"{timed_out}\n{self._log_tails()}") from None
+
+    def reap_pulls(self, within: float = 0) -> None:
+        """Wait up to `within` seconds for the pulls `start` began, then stop the
+        rest (their pods pull what is missing themselves)."""
+        deadline = time.monotonic() + within
+        for pull in self._pulls:
+            try:
+                pull.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pull.kill()
+                pull.wait()
+        self._pulls = []
 
     def _log_tails(self) -> str:
         """The end of each kubelet's and containerd's log, for a start that failed."""
@@ -383,6 +433,7 @@ class NodeBed:
 
     def stop(self, bin_dir: Path | None) -> None:
         """Every node powered off, then the room and the registry; nothing left behind."""
+        self.reap_pulls()
         self.group.stop(None, bin_dir)
         self.room.down()
         self.registry.stop()

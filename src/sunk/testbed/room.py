@@ -204,7 +204,8 @@ class MachineRoom:
             sh(self.enter(["sysctl", "-qw", f"{key}={value}"]))
         return subnet
 
-    def start_kube_proxy(self, bin_dir: Path, control_plane: KubeControlPlane) -> None:
+    def start_kube_proxy(self, bin_dir: Path, control_plane: KubeControlPlane, node: str) -> None:
+        """kube-proxy for every node of the room, named after `node` (one of them)."""
         if self.supervisor.running(KUBE_PROXY):
             return
         subnet = self.subnet()
@@ -219,7 +220,7 @@ class MachineRoom:
         config = self.dir / "kube-proxy.yaml"
         config.write_text(
             nodeconf.dump_yaml(
-                nodeconf.kube_proxy_config(kubeconfig, subnet, subnet.namespace_address)
+                nodeconf.kube_proxy_config(kubeconfig, subnet, subnet.namespace_address, node)
             )
         )
         self.supervisor.spawn(
