@@ -585,7 +585,7 @@ class Bed:
         return proc_stats(self.pid(daemon))
 
     def slurmd_count(self) -> int:
-        return sum(1 for pid in sandboxed_pids(self.cluster) if _comm(pid) == "slurmd")
+        return sum(1 for pid in self.cluster.sandboxed_pids() if _comm(pid) == "slurmd")
 
 
 def _comm(pid: int) -> str:
@@ -593,18 +593,6 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
-
-
-def sandboxed_pids(cluster: SlurmCluster) -> list[int]:
-    """Processes whose root is the Slurm sandbox's mount point."""
-    pids = []
-    root = str(cluster.mountpoint)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "root") == root:
-                    pids.append(int(entry.name))
-    return pids
 
 
 async def create_nodes(
@@ -653,7 +641,7 @@ async def ensure_namespace(kube: AsyncClient, namespace: str) -> None:
 
 def leftovers(state: Path, cluster: SlurmCluster) -> list[str]:
     """Processes of this bed still alive: in its Slurm sandbox or naming its state directory."""
-    found = [f"{pid} {_comm(pid)}" for pid in sandboxed_pids(cluster)]
+    found = [f"{pid} {_comm(pid)}" for pid in cluster.sandboxed_pids()]
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             with contextlib.suppress(OSError):

@@ -6,7 +6,6 @@ ports), which is how several beds share one machine.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -20,18 +19,6 @@ from sunk.testbed.procs import Supervisor, free_port
 from sunk.testbed.slurm import DYNAMIC_FEATURE, PARTITION, SlurmAccess, SlurmCluster
 
 pytestmark = pytest.mark.testbed
-
-
-def sandboxed_pids(cluster: SlurmCluster) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "root") == str(cluster.mountpoint):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def command_of(pid: int) -> str:
@@ -125,10 +112,10 @@ def test_stop_leaves_no_process_and_no_mount(side: SlurmCluster) -> None:
     # RUNNING in slurmctld comes a moment before slurmd has started the step.
     wait_until(
         "the job's slurmstepd",
-        lambda: any(command_of(pid) == "slurmstepd" for pid in sandboxed_pids(side)),
+        lambda: any(command_of(pid) == "slurmstepd" for pid in side.sandboxed_pids()),
     )
     side.stop()
-    assert sandboxed_pids(side) == []
+    assert side.sandboxed_pids() == []
     assert side.supervisor.names() == []
     mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True)
     assert str(side.dir) not in mounts.stdout

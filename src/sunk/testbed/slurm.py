@@ -464,7 +464,8 @@ class SlurmCluster:
             self.supervisor.stop(name, grace=10)
         self._kill_sandboxed()
 
-    def _sandboxed_pids(self) -> list[int]:
+    def sandboxed_pids(self) -> list[int]:
+        """Processes whose root is the sandbox's mount point."""
         pids = []
         root = str(self.mountpoint)
         for entry in Path("/proc").iterdir():
@@ -476,7 +477,7 @@ class SlurmCluster:
 
     def _kill_sandboxed(self) -> None:
         deadline = time.monotonic() + 10
-        while (pids := self._sandboxed_pids()) and time.monotonic() < deadline:
+        while (pids := self.sandboxed_pids()) and time.monotonic() < deadline:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
