@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -53,6 +54,7 @@ def registry() -> Iterator[str]:
         yield served.start()
     finally:
         served.stop()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def skopeo(*args: str) -> str:
