@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -46,6 +47,18 @@ NAME = "compute"
 POOL = "sunk.test/pool"
 
 
+class ErrorLog(logging.Handler):
+    """sunk's errors while the operator runs, for a timed-out wait to show."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        cause = record.exc_info[1] if record.exc_info else None
+        self.lines.append(f"{record.getMessage()}: {cause!r}" if cause else record.getMessage())
+
+
 class Operator:
     """The NodeSet controller with the real Slurm port; stopped and started like a process."""
 
@@ -53,6 +66,8 @@ class Operator:
         self.kube, self.url, self.key, self.namespace = kube, restd_url, jwt_key, namespace
         self._task: asyncio.Task[None] | None = None
         self.starts = 0
+        self.errors = ErrorLog()
+        logging.getLogger("sunk").addHandler(self.errors)
 
     async def _run(self) -> None:
         credentials = JwtMinter(FileKey(self.key), "root")
@@ -212,6 +227,14 @@ async def unsettled(bed: Bed, count: int) -> str:
     return ""
 
 
+def _progress(nodeset: Any) -> str:
+    """The NodeSet's Progressing condition: what its controller waits on."""
+    conditions = (nodeset.get("status") or {}).get("conditions") or []
+    waiting = [c.get("message", "") for c in conditions if c.get("type") == "Progressing"]
+    deleting = " (deleting)" if nodeset["metadata"].get("deletionTimestamp") else ""
+    return f"NodeSet{deleting}: {waiting[0] if waiting else 'no Progressing condition'}"
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterator[Bed]:
     await install_crds(kube)
@@ -246,6 +269,7 @@ async def bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterator[Bed]
                 with contextlib.suppress(AssertionError):
                     await wait_for("the NodeSets to be gone", gone, timeout=40)
             await operator.stop()
+            logging.getLogger("sunk").removeHandler(operator.errors)
 
 
 class DrainWatch:
@@ -514,9 +538,27 @@ async def test_deleting_the_nodeset_removes_its_pods_and_slurm_nodes(bed: Bed) -
     assert len(await bed.slurm_nodes()) == 4
     await bed.kube.delete(NodeSet, NAME, namespace=bed.namespace)
 
+    started = time.monotonic()
+
     async def gone() -> bool:
         sets = [s async for s in bed.kube.list(NodeSet, namespace=bed.namespace)]
-        return not sets and not await bed.pods() and not await bed.slurm_nodes()
+        pods = await bed.pods()
+        nodes = await bed.slurm_nodes()
+        bed.last_unsettled = "; ".join(
+            [
+                *(_progress(s) for s in sets),
+                *(
+                    f"pod {p.metadata.name}: {p.status.phase if p.status else '?'}"  # type: ignore[union-attr]
+                    f"{' terminating' if p.metadata.deletionTimestamp else ''}"  # type: ignore[union-attr]
+                    for p in pods
+                ),
+                *(f"Slurm {n}: {f.get('State')} {f.get('Reason', '')}" for n, f in nodes.items()),
+                *(f"error: {line}" for line in bed.operator.errors.lines[-5:]),
+            ]
+        )
+        return not sets and not pods and not nodes
 
-    await wait_for("pods, Slurm nodes and the NodeSet gone", gone, timeout=60)
+    await wait_for("pods, Slurm nodes and the NodeSet gone", gone, timeout=60, bed=bed)
+    bed.timings["deleted"] = time.monotonic() - started
+    print(f"timings: {bed.timings}")
     bed.operator.check()

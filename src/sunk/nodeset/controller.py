@@ -415,9 +415,14 @@ class NodeSetController:
         self, namespace: str, name: str, obj: Mapping[str, Any], status: api.NodeSetStatus
     ) -> None:
         body = {"status": status.model_dump(mode="json", by_alias=True, exclude_none=True)}
-        await self._kube.patch(
-            api.resource().Status, name, body, namespace=namespace, patch_type=PatchType.MERGE
-        )
+        try:
+            await self._kube.patch(
+                api.resource().Status, name, body, namespace=namespace, patch_type=PatchType.MERGE
+            )
+        except ApiError as error:
+            # Deleted since the cache saw it (its finalizer was the last): no one to tell.
+            if error.status.code != 404:
+                raise
 
     async def _add_finalizer(self, namespace: str, name: str, finalizers: list[str]) -> None:
         patch = {"metadata": {"finalizers": [*finalizers, FINALIZER]}}
