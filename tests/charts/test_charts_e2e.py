@@ -394,6 +394,13 @@ HA_FLAKY = pytest.mark.xfail(
 async def test_the_backup_controller_serves_squeue_when_the_primary_dies(
     bed: ChartBed,
 ) -> None:
+    try:
+        await _fail_over_and_back(bed)
+    except (AssertionError, TimeoutError) as error:
+        raise AssertionError(f"{error}\n{_controller_logs(bed)}") from None
+
+
+async def _fail_over_and_back(bed: ChartBed) -> None:
     await bed.poll_ssh(
         "both controllers up",
         "scontrol ping",
@@ -531,6 +538,19 @@ async def _uninstall_report(bed: ChartBed) -> str:
                 log = f"(no log: {error})"
             lines.append(f"--- pod {name} ({phase}):\n{log}")
     return "\n".join(lines)
+
+
+def _controller_logs(bed: ChartBed, lines: int = 80) -> str:
+    """The end of every slurmctld container log, read from the nodes' log
+    directories: a powered-off node's kubelet serves none."""
+    out = []
+    for name in bed.nodes.names:
+        logs = bed.nodes.group.paths(name).pod_logs
+        for path in sorted(logs.glob(f"{bed.namespace}_{RELEASE}-slurmctld-*/slurmctld/*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {name}: {path.relative_to(logs)}")
+            out.extend(tail)
+    return "\n".join(out) or "(no slurmctld logs)"
 
 
 async def _slurmd_log_tail(bed: ChartBed, slurm_node: str) -> str:
