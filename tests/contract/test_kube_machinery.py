@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
 
+import httpx2
+import msgspec
 import pytest
-from lightkube import AsyncClient
+from lightkube import AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
@@ -15,7 +20,7 @@ from lightkube.resources.events_v1 import Event as EventV1
 
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
-from sunk.kube.leader import LeaderElector, LostLeadership
+from sunk.kube.leader import LeaderElector
 
 pytestmark = pytest.mark.testbed
 
@@ -159,7 +164,9 @@ async def test_one_leader_at_a_time_and_a_fast_handover(kube: AsyncClient, names
         await b
 
 
-async def test_a_leader_that_cannot_renew_stops_its_work(kube: AsyncClient, namespace: str) -> None:
+async def test_a_leader_that_loses_its_lease_stops_its_work_and_stands_again(
+    kube: AsyncClient, namespace: str
+) -> None:
     elector = LeaderElector(
         kube,
         namespace=namespace,
@@ -178,15 +185,175 @@ async def test_a_leader_that_cannot_renew_stops_its_work(kube: AsyncClient, name
             cancelled.set()
 
     task = asyncio.create_task(elector.run(lead))
-    await until(lambda: elector.is_leader)
-    # Someone else takes the Lease by force (as after a network partition).
-    lease = await kube.get(Lease, "op", namespace=namespace)
-    assert lease.spec is not None
-    lease.spec.holderIdentity = "usurper"
-    await kube.replace(lease)
-    with pytest.raises(LostLeadership):
-        await asyncio.wait_for(task, 5)
-    assert cancelled.is_set()
+    try:
+        await until(lambda: elector.is_leader)
+        # Someone else takes the Lease by force (as after a network partition).
+        lease = await kube.get(Lease, "op", namespace=namespace)
+        assert lease.spec is not None
+        lease.spec.holderIdentity = "usurper"
+        await kube.replace(lease)
+        await asyncio.wait_for(cancelled.wait(), 5)
+        assert not elector.is_leader
+        # A candidate again, not a dead process: the usurper never renews, so
+        # once its Lease runs out the first leads a second term.
+        await until(lambda: elector.terms == 2 and elector.is_leader, timeout=10)
+        assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class Relay:
+    """A TCP relay to the apiserver that a test can cut, as a network would.
+    `down` drops every connection and refuses new ones; `hang` makes every
+    connection, open or new, silent for good: bytes go in and nothing comes
+    back, and neither end is told (a dead path, which only a timeout finds)."""
+
+    def __init__(self) -> None:
+        self.target = ("", 0)
+        self.mode = "up"
+        self._open: list[tuple[list[asyncio.StreamWriter], list[bool]]] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def close(self) -> None:
+        self.set("down")
+        if self._server is not None:
+            self._server.close()
+
+    def set(self, mode: str) -> None:
+        self.mode = mode
+        for writers, silent in self._open:
+            if mode == "down":
+                for writer in writers:
+                    writer.transport.abort()
+            elif mode == "hang":
+                silent[0] = True
+        if mode == "down":
+            self._open.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "down":
+            writer.transport.abort()
+            return
+        writers, silent = [writer], [self.mode == "hang"]
+        self._open.append((writers, silent))
+        if silent[0]:
+            with contextlib.suppress(Exception):
+                while await reader.read(65536):
+                    pass
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        writers.append(up_writer)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    if not silent[0]:
+                        dst.write(data)
+                        await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+@contextlib.asynccontextmanager
+async def relayed_client(kubeconfig: Path, relay: Relay) -> AsyncIterator[AsyncClient]:
+    original = KubeConfig.from_file(kubeconfig)
+    current = original.get()
+    assert current is not None
+    url = httpx2.URL(current.cluster.server)
+    relay.target = (url.host, url.port or 443)
+    port = await relay.start()
+    config = KubeConfig.from_one(
+        cluster=msgspec.structs.replace(current.cluster, server=str(url.copy_with(port=port))),
+        user=current.user,
+        fname=original.fname,
+    )
+    client = AsyncClient(config, field_manager="sunk-tests")
+    try:
+        yield client
+    finally:
+        await client.close()
+        await relay.close()
+
+
+async def test_leaders_ride_out_an_apiserver_outage(kubeconfig: Path, namespace: str) -> None:
+    """Two candidates reach the real apiserver through a relay that is cut: a
+    hung path first, then a refused one. The leader stops its work by its
+    renew deadline, nobody crashes, and afterwards exactly one leads again."""
+    timing = {"lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.2}
+    relay = Relay()
+    async with relayed_client(kubeconfig, relay) as client:
+        electors = [
+            LeaderElector(client, namespace=namespace, name="op", identity=f"e{i}", **timing)
+            for i in range(2)
+        ]
+        working: set[str] = set()
+        stopped_at: dict[str, float] = {}
+
+        def lead_as(name: str) -> Callable[[], Coroutine[Any, Any, None]]:
+            async def lead() -> None:
+                working.add(name)
+                try:
+                    await asyncio.sleep(3600)
+                finally:
+                    working.discard(name)
+                    stopped_at[name] = time.monotonic()
+
+            return lead
+
+        tasks = [asyncio.create_task(e.run(lead_as(e.identity))) for e in electors]
+        try:
+            await until(lambda: len(working) == 1)
+            for mode in ("hang", "down"):
+                (leader,) = working
+                cut = time.monotonic()
+                relay.set(mode)
+                await until(lambda: not working, timeout=5)
+                # Within the renew deadline (2 s) plus a retry period and a margin.
+                assert stopped_at[leader] - cut < 3.5, (mode, stopped_at[leader] - cut)
+                await asyncio.sleep(4)  # longer than the Lease: both keep standing
+                assert not any(t.done() for t in tasks)
+                assert not working
+                relay.set("up")
+                await until(lambda: len(working) == 1, timeout=15)
+            await asyncio.sleep(1)
+            assert len(working) == 1
+            assert sum(e.is_leader for e in electors) == 1
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_an_informer_outlives_a_silently_dead_watch(
+    kube: AsyncClient, kubeconfig: Path, namespace: str
+) -> None:
+    """The watch's connection goes silent without closing (a NAT or a node
+    dropped it): the informer notices by its read timeout, watches again, and
+    its cache catches up with what changed meanwhile."""
+    relay = Relay()
+    async with relayed_client(kubeconfig, relay) as client:
+        informer: Informer[ConfigMap] = Informer(
+            client, ConfigMap, namespace=namespace, read_timeout=2, retry_delay=0.2
+        )
+        async with running(informer):
+            relay.set("hang")
+            await kube.create(configmap("while-silent", namespace))
+            await asyncio.sleep(3)
+            assert informer.get(f"{namespace}/while-silent") is None
+            relay.set("up")
+            await until(lambda: informer.get(f"{namespace}/while-silent") is not None, 15)
 
 
 async def test_a_pod_informer_survives_bookmarks(kube: AsyncClient, namespace: str) -> None:

@@ -77,6 +77,7 @@ class Informer(Generic[R]):
         fields: dict[str, Any] | None = None,
         page_size: int = 500,
         watch_timeout: int = 300,
+        read_timeout: float = 90.0,
         retry_delay: float = 1.0,
     ) -> None:
         self._client = client
@@ -86,6 +87,7 @@ class Informer(Generic[R]):
         self._fields = fields
         self._page_size = page_size
         self._watch_timeout = watch_timeout
+        self._read_timeout = read_timeout
         self._retry_delay = retry_delay
         self._store: dict[str, R] = {}
         self._handlers: list[Handler[R]] = []
@@ -112,18 +114,28 @@ class Informer(Generic[R]):
     async def run(self) -> None:
         """List, then watch, forever; cancel the task to stop."""
         needs_list = True
+        failures = 0
         while True:
             try:
                 if needs_list:
                     await self._relist()
                     needs_list = False
                 await self._watch()
+                failures = 0
             except ResourceExpired:
                 log.info("%s: resourceVersion expired, listing again", self._name)
                 needs_list = True
-            except (httpx2.TransportError, httpx2.HTTPStatusError) as error:
-                log.warning("%s: watch failed (%s), retrying", self._name, error)
-                await asyncio.sleep(self._retry_delay)
+            except httpx2.ReadTimeout:
+                # Nothing came, not even a bookmark: the connection may be dead
+                # without either end knowing. Watch again from where it was.
+                log.info("%s: watch silent for %.0fs, again", self._name, self._read_timeout)
+            except (httpx2.HTTPError, ApiError) as error:
+                # The apiserver is away or refuses for now (5xx, 429): keep the
+                # cache as it is and try again, backing off up to 30 s.
+                failures += 1
+                delay = min(self._retry_delay * 2 ** (failures - 1), 30.0)
+                log.warning("%s: %s, retrying in %.0fs", self._name, error, delay)
+                await asyncio.sleep(delay)
 
     @property
     def _name(self) -> str:
@@ -177,7 +189,10 @@ class Informer(Generic[R]):
         # bookmarks are taken apart here instead. The caller watches again when
         # the request ends (timeoutSeconds).
         driver = WatchDriver(request, generic._client.build_request)
-        http_request = driver.get_request(timeout=generic._watch_timeout)  # type: ignore[no-untyped-call]
+        # lightkube's watch timeout has no read limit; the apiserver sends a
+        # bookmark at least every minute, so a longer silence means a dead path.
+        timeout = httpx2.Timeout(generic._watch_timeout.connect, read=self._read_timeout)
+        http_request = driver.get_request(timeout=timeout)  # type: ignore[no-untyped-call]
         reply = await generic.send(http_request, stream=True)  # type: ignore[no-untyped-call]
         try:
             reply.raise_for_status()

@@ -5,8 +5,11 @@ holder has not renewed it for `lease_duration`, measured on the candidate's
 own clock from when it last *saw the Lease change* (never by comparing the
 holder's timestamps with local time, so clock skew cannot make two leaders).
 Every write is a compare-and-swap on resourceVersion. The leader renews every
-`retry_period`; if it cannot renew within `renew_deadline` it stops leading
-(its work is cancelled) before anyone else may take over.
+`retry_period`, each attempt cut off at `renew_deadline`; if it cannot renew
+by then it stops leading (its work is cancelled) before anyone else may take
+over, and stands as a candidate again. A candidate that cannot reach the
+apiserver keeps trying. Stopping a leader (SIGTERM, see `sunk.service`) hands
+the Lease back, so its successor takes over within half a retry period.
 """
 
 from __future__ import annotations
@@ -15,20 +18,18 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import random
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import httpx2
 from lightkube import ApiError, AsyncClient
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
 log = logging.getLogger(__name__)
-
-
-class LostLeadership(Exception):
-    """The Lease could not be renewed in time; the work was stopped."""
 
 
 def _now() -> datetime.datetime:
@@ -59,48 +60,77 @@ class LeaderElector:
         self._observed_rv = ""
         self._observed_at = 0.0
         self.is_leader = False
+        self.terms = 0  # how many times it has led, for tests and logs
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Wait to become leader, then run `lead()` while renewing.
+        """Stand as a candidate, run `lead()` while leading, and stand again when
+        the Lease is lost: a lost Lease (an apiserver outage, a partition) costs
+        one term, never the process. Returns when `lead()` returns; cancelling
+        the task (SIGTERM) hands the Lease back on the way out."""
+        while True:
+            await self._acquire()
+            if await self._lead(lead):
+                return
+            log.warning(
+                "%s lost %s/%s; standing as a candidate again",
+                self.identity,
+                self._namespace,
+                self._name,
+            )
 
-        Returns when `lead()` returns (the Lease is released); raises
-        LostLeadership if renewal fails (after cancelling `lead()`).
-        """
+    async def _acquire(self) -> None:
         # Polling is the protocol: the Lease itself is the only signal.
-        while not await self._try_acquire_or_renew():  # noqa: ASYNC110
-            await asyncio.sleep(self._retry)
+        while True:
+            try:
+                async with asyncio.timeout(self._deadline):
+                    if await self._try_acquire_or_renew():
+                        return
+            except (ApiError, httpx2.HTTPError, TimeoutError) as error:
+                # The apiserver is away: keep standing, as client-go does.
+                log.warning("cannot reach %s/%s: %s", self._namespace, self._name, error)
+            # Twice per retry period: a Lease handed back is taken within about
+            # a second. Jittered, so standbys do not poll in step.
+            await asyncio.sleep(self._retry / 2 * random.uniform(1.0, 1.2))  # noqa: S311
+
+    async def _lead(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """One term: True if `lead()` returned, False if the Lease was lost."""
         self.is_leader = True
+        self.terms += 1
         log.info("%s leads %s/%s", self.identity, self._namespace, self._name)
         work = asyncio.create_task(lead())
         renewing = asyncio.create_task(self._renew_until_lost())
         try:
             done, _ = await asyncio.wait({work, renewing}, return_when=asyncio.FIRST_COMPLETED)
             if renewing in done:
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-                raise LostLeadership(f"{self.identity} lost {self._namespace}/{self._name}")
+                return False
             await work  # propagate its exception, if any
+            return True
         finally:
             self.is_leader = False
-            renewing.cancel()
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, LostLeadership):
-                await renewing
+            for task in (work, renewing):
+                task.cancel()
+            # The work has stopped before the Lease goes: never two leaders at work.
+            await asyncio.gather(work, renewing, return_exceptions=True)
             await self._release()
 
     async def _renew_until_lost(self) -> None:
+        """Renew every retry period; return once `renew_deadline` has passed since
+        the last renewal. Each attempt is cut off at that deadline, so a hung
+        request cannot keep a leader working after its Lease may have passed on."""
         last_renewal = time.monotonic()
         while True:
             await asyncio.sleep(self._retry)
-            try:
-                renewed = await self._try_acquire_or_renew()
-            except Exception:
-                log.exception("renewing %s/%s failed", self._namespace, self._name)
-                renewed = False
+            left = last_renewal + self._deadline - time.monotonic()
+            renewed = False
+            if left > 0:
+                try:
+                    async with asyncio.timeout(left):
+                        renewed = await self._try_acquire_or_renew()
+                except (ApiError, httpx2.HTTPError, TimeoutError) as error:
+                    log.warning("renewing %s/%s failed: %s", self._namespace, self._name, error)
             if renewed:
                 last_renewal = time.monotonic()
-            elif time.monotonic() - last_renewal > self._deadline:
+            elif time.monotonic() - last_renewal >= self._deadline:
                 return
 
     async def _try_acquire_or_renew(self) -> bool:
@@ -167,11 +197,13 @@ class LeaderElector:
         return True
 
     async def _release(self) -> None:
-        """Hand the Lease back at once, so a successor need not wait out its duration."""
+        """Hand the Lease back at once, so a successor need not wait out its duration.
+        Bounded: a process on its way out must not hang on an absent apiserver."""
         with contextlib.suppress(Exception):
-            lease = await self._client.get(Lease, self._name, namespace=self._namespace)
-            if lease.spec is None or lease.spec.holderIdentity != self.identity:
-                return
-            lease.spec.holderIdentity = None
-            lease.spec.leaseDurationSeconds = 1
-            await self._client.replace(lease)
+            async with asyncio.timeout(self._retry):
+                lease = await self._client.get(Lease, self._name, namespace=self._namespace)
+                if lease.spec is None or lease.spec.holderIdentity != self.identity:
+                    return
+                lease.spec.holderIdentity = None
+                lease.spec.leaseDurationSeconds = 1
+                await self._client.replace(lease)

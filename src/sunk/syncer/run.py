@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from prometheus_client import start_http_server
 
 from sunk.kube.client import kube_client
 from sunk.kube.leader import LeaderElector
+from sunk.service import run_until_terminated
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
@@ -71,4 +71,4 @@ async def run_syncer(config: SyncerConfig) -> None:
 
 
 def main(config: SyncerConfig) -> None:
-    asyncio.run(run_syncer(config))
+    run_until_terminated(run_syncer(config))
