@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from sunk import __version__
+from sunk.service import run_until_terminated
 from sunk.testbed.paths import default_state_dir
 
 app = typer.Typer(help="sunk: Slurm on Kubernetes.", no_args_is_help=True)
@@ -106,7 +107,6 @@ def operator(
     verbose: VerboseOption = False,
 ) -> None:
     """Run the NodeSet controller (leader-elected)."""
-    import asyncio
 
     from sunk.operator import OperatorConfig, run_operator
 
@@ -119,7 +119,7 @@ def operator(
         namespace=namespace,
         lease_namespace=lease_namespace,
     )
-    asyncio.run(run_operator(config))
+    run_until_terminated(run_operator(config))
 
 
 @app.command()
@@ -206,6 +206,13 @@ def scheduler(
     metrics_port: Annotated[
         int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
     ] = 9090,
+    job_seal_secret: Annotated[
+        str,
+        typer.Option(
+            help="Secret in the lease namespace with the secret that seals the "
+            "scheduler's jobs (created on first start)."
+        ),
+    ] = "sunk-scheduler-seal",  # noqa: S107 - a Secret's name, not a secret
     verbose: VerboseOption = False,
 ) -> None:
     """Place pods on NodeSet nodes through Slurm jobs (leader-elected)."""
@@ -229,6 +236,7 @@ def scheduler(
             poll_interval=poll_interval,
             lease_namespace=lease_namespace,
             metrics_port=metrics_port or None,
+            seal_secret_name=job_seal_secret,
         )
     )
 

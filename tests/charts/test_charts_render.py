@@ -8,12 +8,16 @@ a fresh namespace of the test bed's apiserver, after the chart's CRDs.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from lightkube import AsyncClient, codecs
+from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
+from lightkube.resources.authorization_v1 import SubjectAccessReview
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
@@ -89,3 +93,53 @@ def test_busy_slurmd_pods_have_a_disruption_budget_that_can_be_turned_off(helm: 
     assert labels[LABEL_SLURM_BUSY] == "true"  # the label the syncer writes
     assert labels["app.kubernetes.io/component"] == "slurmd"
     assert budgets("--set", "busyNodeBudget=false") == []
+
+
+RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+
+
+async def _can(kube: AsyncClient, account: str, home: str, **attributes: str) -> bool:
+    """`kubectl auth can-i --as` for a ServiceAccount of namespace `home`, asked of
+    the real apiserver."""
+    review = SubjectAccessReview(
+        spec=SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{home}:{account}",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{home}"],
+            resourceAttributes=ResourceAttributes(**attributes),
+        )
+    )
+    answer = await kube.create(review)
+    return bool(answer.status and answer.status.allowed)
+
+
+async def test_the_scheduler_may_read_its_seal_secret_and_no_other(
+    helm: Helm, kube: AsyncClient, namespace: str
+) -> None:
+    """The chart's RBAC, installed on the real apiserver and asked as the
+    scheduler's ServiceAccount: it may make and read the Secret that seals its
+    jobs, and read no other Secret in the namespace."""
+    release = f"r{secrets.token_hex(3)}"
+    chart = CHARTS / "sunk-cluster"
+    out = helm.run(["template", release, str(chart), "-n", namespace])
+    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]
+    made = []
+    try:
+        for doc in docs:
+            made.append(await kube.create(codecs.from_dict(doc), namespace=namespace))  # type: ignore[call-overload]
+        account = f"{release}-scheduler"
+        seal = f"{release}-scheduler-seal"
+        assert await _can(
+            kube, account, namespace, verb="create", resource="secrets", namespace=namespace
+        )
+        assert await _can(
+            kube, account, namespace, verb="get", resource="secrets", name=seal, namespace=namespace
+        )
+        for verb, name in (("get", "slurm-jwt"), ("list", ""), ("watch", ""), ("delete", seal)):
+            attributes = {"verb": verb, "resource": "secrets", "namespace": namespace}
+            if name:
+                attributes["name"] = name
+            assert not await _can(kube, account, namespace, **attributes), (verb, name)
+    finally:
+        for obj in made:
+            if obj.metadata and isinstance(obj, (ClusterRole, ClusterRoleBinding)):
+                await kube.delete(type(obj), obj.metadata.name or "")

@@ -42,14 +42,18 @@ from sunk.scheduler.request import (
     Options,
 )
 from sunk.scheduler.run import VIEW_STALE_AFTER
+from sunk.scheduler.seal import JobSeal
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
+from sunk.slurm.models import Job
 from sunk.slurm.view import SlurmView
 from sunk.testbed import slurmpods
 
 pytestmark = pytest.mark.testbed
 
 KILL_WAIT = 10
+# The in-process scheduler's seal; it acts in Slurm as root.
+SEAL = JobSeal(b"the scheduler e2e's job seal....", "root")
 SLURM_CONF = [
     "GresTypes=gpu",
     f"KillWait={KILL_WAIT}",
@@ -82,14 +86,15 @@ class SchedBed:
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
     async def our_jobs(self) -> list[dict[str, str]]:
-        """Pending or running sunk jobs: id, state, nodes, comment, name."""
-        out = await self.aslurm("squeue", "-h", "-o", "%i|%T|%N|%k|%j")
+        """Pending or running jobs the scheduler sealed: id, state, nodes, key, name."""
+        out = await self.aslurm("squeue", "-h", "-o", "%i|%T|%N|%u|%j|%k")
         jobs = []
         for line in out.splitlines():
-            job_id, state, nodes, comment, name = line.split("|", 4)
-            if comment.startswith("sunk:") and state in ("PENDING", "RUNNING"):
+            job_id, state, nodes, user, name, comment = line.split("|", 5)
+            key = SEAL.key_of(Job(job_id=int(job_id), comment=comment, user_name=user))
+            if key is not None and state in ("PENDING", "RUNNING"):
                 jobs.append(
-                    {"id": job_id, "state": state, "nodes": nodes, "comment": comment, "name": name}
+                    {"id": job_id, "state": state, "nodes": nodes, "key": key, "name": name}
                 )
         return jobs
 
@@ -160,6 +165,7 @@ class SchedulerProcess:
                 self.kube,
                 client,
                 view,
+                seal=SEAL,
                 options=Options(partition="k8s", kill_wait=KILL_WAIT),
                 namespace=self.sb.bed.namespace,
                 slurmd_namespace=self.sb.bed.namespace,
@@ -603,7 +609,7 @@ async def test_a_scheduler_killed_between_submit_and_bind_never_double_submits(
         pods = {name: await get_pod(kube, sb, name) for name in names}
         uids = {p.metadata.uid for p in pods.values() if p and p.metadata}
         assert len(jobs) == len(names), jobs  # one job per pod, no more
-        assert {j["comment"].split("/", 1)[1] for j in jobs} == uids
+        assert {j["key"].split("/", 1)[1] for j in jobs} == uids
         assert {j["id"] for j in jobs} == {job_of(p) for p in pods.values()}
         print(
             f"{process.submits} submits for {len(names)} pods over {2 * len(names)} scheduler runs"
@@ -617,18 +623,91 @@ async def test_a_scheduler_killed_between_submit_and_bind_never_double_submits(
 
 
 async def test_an_orphan_job_is_cancelled(kube: AsyncClient, sched_bed: SchedBed) -> None:
+    """A sealed job whose pod is gone (its scheduler died before binding) is
+    cancelled; a job that only looks like one (its comment written by a Slurm
+    user) is not the scheduler's to cancel."""
     sb = sched_bed
-    comment = f"sunk:{sb.bed.namespace}/00000000-0000-0000-0000-000000000000"
-    orphan = (
-        await sb.aslurm(
-            "sbatch", "--parsable", "-p", "k8s", f"--comment={comment}", "--wrap", "sleep 600"
-        )
-    ).strip()
+    key = f"{sb.bed.namespace}/00000000-0000-0000-0000-000000000000"
+    orphan, lookalike = [
+        (
+            await sb.aslurm(
+                "sbatch", "--parsable", "-p", "k8s", f"--comment={comment}", "--wrap", "sleep 600"
+            )
+        ).strip()
+        for comment in (SEAL.comment(key, None), f"sunk:{key}")
+    ]  # fmt: skip
     try:
         async with scheduling(kube, sb):
             await wait_for("the orphan to be cancelled", lambda: job_ended(sb, orphan), timeout=30)
+            await asyncio.sleep(2)
+            assert (await sb.job_fields(lookalike)).get("JobState") == "RUNNING"
     finally:
-        await sb.aslurm("scancel", orphan)
+        await sb.aslurm("scancel", orphan, lookalike)
+
+
+async def test_a_job_id_written_on_a_pod_claims_no_one_elses_job(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    """A pod author writes someone's running job id into the annotation the
+    scheduler uses: the pod gets its own job, and the victim's job runs on after
+    the pod is gone (it used to be bound into it, then cancelled with it)."""
+    sb = sched_bed
+    victim = (await sb.aslurm("sbatch", "--parsable", "-p", "k8s", "--wrap", "sleep 600")).strip()
+    try:
+        await wait_for("the victim's job to run", lambda: running(sb, victim))
+        async with scheduling(kube, sb):
+            await kube.create(pod_body(sb, "forger", annotations={ANNOTATION_JOB_ID: victim}))
+            await wait_for_bound(kube, sb, "forger")
+            own = job_of(await get_pod(kube, sb, "forger"))
+            assert own
+            assert own != victim
+            assert [j["id"] for j in await sb.our_jobs()] == [own]
+            await delete_and_wait(kube, sb, "forger")
+            await wait_for("the forger's own job to end", lambda: job_ended(sb, own))
+            await asyncio.sleep(2)
+            assert (await sb.job_fields(victim)).get("JobState") == "RUNNING"
+    finally:
+        await sb.aslurm("scancel", victim)
+
+
+async def test_a_crafted_job_comment_takes_no_gang(kube: AsyncClient, sched_bed: SchedBed) -> None:
+    """Gang keys are predictable, and comments are anyone's to write and read.
+    A Slurm user submits jobs for a gang before its pods exist: one with a
+    made-up comment that ended, one running, and one carrying a real seal
+    copied from `squeue` but submitted as another user. None of them is taken
+    for the gang's job: the gang gets its own, and the impostors are left alone."""
+    sb = sched_bed
+    key = f"{sb.bed.namespace}/gang:duo"
+    made_up = f"--comment=sunk:{key}"
+    copied = f"--comment={SEAL.comment(key, None)}"
+    submit = ("sbatch", "--parsable", "-p", "k8s", "--chdir=/tmp", "-o", "/dev/null")
+    as_nobody = ("runuser", "-u", "nobody", "--")
+    ended = (await sb.aslurm(*submit, made_up, "--wrap", "true")).strip()
+    impostors = [
+        (await sb.aslurm(*submit, made_up, "--wrap", "sleep 600")).strip(),
+        (await sb.aslurm(*as_nobody, *submit, copied, "--wrap", "sleep 600")).strip(),
+    ]
+    labels = {GANG_NAME: "duo", GANG_SIZE: "2"}
+    names = ["duo-0", "duo-1"]
+    try:
+        await wait_for("the made-up job to end", lambda: job_ended(sb, ended))
+        for job in impostors:
+            await wait_for(f"impostor {job} to run", lambda j=job: running(sb, j))
+        async with scheduling(kube, sb):
+            for name in names:
+                await kube.create(pod_body(sb, name, labels=labels))
+            for name in names:
+                await wait_for_bound(kube, sb, name)
+            jobs = await sb.our_jobs()
+            assert [j["key"] for j in jobs] == [key]
+            assert {job_of(await get_pod(kube, sb, n)) for n in names} == {jobs[0]["id"]}
+            await delete_and_wait(kube, sb, *names)
+            await wait_for("the gang's job to end", lambda: no_live_jobs(sb))
+            await asyncio.sleep(2)
+            for job in impostors:
+                assert (await sb.job_fields(job)).get("JobState") == "RUNNING", job
+    finally:
+        await sb.aslurm("scancel", *impostors)
 
 
 async def test_a_pod_stops_its_grace_period_before_its_time_limit(

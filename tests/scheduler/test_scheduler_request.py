@@ -25,11 +25,13 @@ from sunk.scheduler.request import (
     gang_of,
     job_key,
     job_spec,
-    key_of_comment,
     resources_of,
     time_limit_minutes,
 )
+from sunk.scheduler.seal import JobSeal
 from sunk.slurm.models import Job
+
+SEAL = JobSeal(b"k" * 32, "slurm")
 
 
 def pod(
@@ -113,6 +115,7 @@ def test_the_job_carries_the_pods_identity_and_options() -> None:
             )
         ],
         Options(partition="k8s"),
+        SEAL,
     )
     assert spec.partition == "gpu"
     assert spec.qos == "high"
@@ -123,9 +126,11 @@ def test_the_job_carries_the_pods_identity_and_options() -> None:
         512,
         "gres/gpu:2",
     )
-    assert spec.comment == "sunk:ns/uid-p inference"
-    assert key_of_comment(spec.comment or "") == job_key("ns", "uid-p", None)
-    assert key_of_comment("someone else's job") is None
+    assert spec.comment == SEAL.comment("ns/uid-p", None, "inference")
+    assert (spec.comment or "").startswith("sunk:ns/uid-p seal=@:")
+    assert (spec.comment or "").endswith(" inference")
+    job = Job(job_id=1, comment=spec.comment or "", user_name="slurm")
+    assert SEAL.key_of(job) == job_key("ns", "uid-p", None)
     assert spec.name == "ns/p"
 
 
@@ -133,25 +138,27 @@ def test_gpu_types_come_from_an_annotation_or_the_product_table() -> None:
     options = Options(gpu_types={"NVIDIA-H100-80GB-HBM3": "h100"})
     gpus = {"nvidia.com/gpu": "4"}
     by_product = job_spec(
-        [pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"})], options
+        [pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"})], options, SEAL
     )
     assert by_product.tres_per_node == "gres/gpu:h100:4"
-    by_annotation = job_spec([pod(limits=gpus, annotations={ANNOTATION_GPU_TYPE: "a100"})], options)
+    by_annotation = job_spec(
+        [pod(limits=gpus, annotations={ANNOTATION_GPU_TYPE: "a100"})], options, SEAL
+    )
     assert by_annotation.tres_per_node == "gres/gpu:a100:4"
     with pytest.raises(InvalidPod, match="no GRES type"):
-        job_spec([pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "unknown"})], options)
+        job_spec([pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "unknown"})], options, SEAL)
 
 
 def test_a_grace_period_longer_than_killwait_is_refused() -> None:
     options = Options(kill_wait=30, grace_margin=1)
-    job_spec([pod(grace=29)], options)
+    job_spec([pod(grace=29)], options, SEAL)
     with pytest.raises(InvalidPod, match="KillWait"):
-        job_spec([pod(grace=None)], options)  # Kubernetes' default: 30 s
+        job_spec([pod(grace=None)], options, SEAL)  # Kubernetes' default: 30 s
 
 
 def test_an_unknown_exclusive_mode_is_refused() -> None:
     with pytest.raises(InvalidPod, match="exclusive"):
-        job_spec([pod(annotations={ANNOTATION_EXCLUSIVE: "sometimes"})], Options())
+        job_spec([pod(annotations={ANNOTATION_EXCLUSIVE: "sometimes"})], Options(), SEAL)
 
 
 def test_gangs_from_sunk_labels_and_leaderworkersets() -> None:
@@ -161,9 +168,9 @@ def test_gangs_from_sunk_labels_and_leaderworkersets() -> None:
     with pytest.raises(InvalidPod):
         gang_of(pod(labels={GANG_NAME: "g", GANG_SIZE: "zero"}))
     members = [pod(f"m{i}", requests={"cpu": str(i + 1)}) for i in range(3)]
-    spec = job_spec(members, Options(), Gang("g", 3))
+    spec = job_spec(members, Options(), SEAL, Gang("g", 3))
     assert (spec.nodes, spec.tasks, spec.cpus_per_task) == ("3", 3, 3)
-    assert spec.comment == "sunk:ns/gang:g"
+    assert spec.comment == SEAL.comment("ns/gang:g", None)
 
 
 def test_pods_stop_before_slurm_ends_their_allocation() -> None:

@@ -60,9 +60,9 @@ from sunk.scheduler.request import (
     grace_seconds,
     job_key,
     job_spec,
-    key_of_comment,
     namespace_of_key,
 )
+from sunk.scheduler.seal import JobSeal
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import (
     SlurmApiError,
@@ -80,6 +80,9 @@ ACTIVE = ("PENDING", "RUNNING", "SUSPENDED")
 # Every key is looked at again this often: what events missed (orphans on
 # either side) is found within it.
 SWEEP_INTERVAL = 10.0
+# Job ids Slurm has forgotten, remembered so as not to ask again: about a day of
+# ended pods on a busy cluster, a few hundred kilobytes.
+FORGOTTEN_KEPT = 100_000
 # While the Slurm view is stale, a key is looked at again this late.
 STALE_RETRY = 1.0
 # After an invalid request, try again this late (Slurm's configuration may change).
@@ -172,6 +175,7 @@ class Scheduler:
         slurm: SlurmClient,
         view: SlurmView,
         *,
+        seal: JobSeal,
         options: Options | None = None,
         scheduler_name: str = SCHEDULER_NAME,
         namespace: str | None = None,
@@ -185,6 +189,7 @@ class Scheduler:
         self._kube = kube
         self._slurm = slurm
         self._view = view
+        self._seal = seal
         self._namespace = namespace
         self._workers = workers
         # A predecessor killed mid-submit may have a job still in slurmctld's
@@ -218,6 +223,7 @@ class Scheduler:
         # Jobs cancelled because their gang fell apart before binding: a gang made
         # whole again gets a new job, and the old one is no reason to evict it.
         self._dropped: set[int] = set()
+        self._forgotten: dict[int, None] = {}  # job ids Slurm no longer knows, oldest first
         # Keys whose submit failed in a way that may still have been taken, until when.
         self._uncertain: dict[str, float] = {}
         self._pods.subscribe(self._on_pod)
@@ -258,7 +264,7 @@ class Scheduler:
         for job in (old, new):
             if job is None or _refused_allocation(job):
                 continue
-            if (found := key_of_comment(job.comment)) is not None:
+            if (found := self._seal.key_of(job)) is not None:
                 key = found
                 if job is new:
                     self._jobs_by_key.setdefault(found, set()).add(job_id)
@@ -337,7 +343,10 @@ class Scheduler:
         return sorted((p for p in pods if p is not None), key=_pod_name)
 
     async def _job_of(self, key: str, pods: Sequence[Pod]) -> tuple[int | None, Job | None]:
-        """The job for `key` (the live one if several), with its id; (None, None) if none."""
+        """The job for `key` (the live one if several), with its id; (None, None) if none.
+
+        Only a job sealed for `key` counts: a job id on a pod is a hint (anyone who
+        can edit the pod can write one), never a claim on that job."""
         jobs = self._view.jobs()
         ids = set(self._jobs_by_key.get(key, ()))
         if (mine := self._submitted.get(key)) is not None:
@@ -347,19 +356,34 @@ class Scheduler:
                 ids.add(int(written))
         ids -= self._dropped
         known = [(i, jobs.get(i)) for i in sorted(ids)]
+        known = [(i, job) for i, job in known if job is None or self._seal.key_of(job) == key]
         for job_id, job in known:
             if _active(job):
                 return job_id, job
+        foreign: set[int] = set()
         for job_id, job in reversed(known):
-            if job is None:
-                if mine is not None and mine[0] == job_id and time.monotonic() < mine[1]:
-                    return job_id, NOT_SEEN_YET  # the view's next poll brings it
-                job = await self._slurm.job(job_id)
-                if _active(job) or (job is not None and key_of_comment(job.comment) == key):
-                    return job_id, job
-            else:
+            if job is not None:
                 return job_id, job
-        return (max(ids), None) if ids else (None, None)
+            if mine is not None and mine[0] == job_id and time.monotonic() < mine[1]:
+                return job_id, NOT_SEEN_YET  # the view's next poll brings it
+            if job_id in self._forgotten:
+                continue
+            fetched = await self._slurm.job(job_id)
+            if fetched is None:
+                self._forget(job_id)
+            elif self._seal.key_of(fetched) == key:
+                return job_id, fetched
+            else:
+                foreign.add(job_id)
+        forgotten = [i for i, job in known if job is None and i not in foreign]
+        return (max(forgotten), None) if forgotten else (None, None)
+
+    def _forget(self, job_id: int) -> None:
+        """Slurm answered that it no longer knows the job: it never will again, so
+        the sweep asks once, not every cycle for as long as its pod stays."""
+        self._forgotten[job_id] = None
+        if len(self._forgotten) > FORGOTTEN_KEPT:
+            del self._forgotten[next(iter(self._forgotten))]
 
     async def reconcile(self, key: str) -> Result | None:
         lock = self._locks.setdefault(key, asyncio.Lock())
@@ -472,7 +496,7 @@ class Scheduler:
         if not self.ready.is_set():
             return None  # every key is looked at again once it is
         try:
-            spec = job_spec(pods, self.options, gang)
+            spec = job_spec(pods, self.options, self._seal, gang)
         except InvalidPod as exc:
             await self._refuse(key, pods, str(exc))
             return Result(requeue_after=INVALID_RETRY)

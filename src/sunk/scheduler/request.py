@@ -1,9 +1,10 @@
 """What a pod asks Slurm for: its placeholder job, read from the pod alone (pure).
 
 A pod's identity travels in the job's comment (`sunk:<namespace>/<uid>`, or
-`sunk:<namespace>/gang:<group>` for a gang), so a restarted scheduler finds
-the job it submitted before it could write the job id on the pod. A user's
-comment annotation follows the tag after a space.
+`sunk:<namespace>/gang:<group>` for a gang), sealed (`sunk.scheduler.seal`),
+so a restarted scheduler finds the job it submitted before it could write the
+job id on the pod, and no one else's job passes for it. A user's comment
+annotation follows the seal after a space.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.utils.quantity import parse_quantity
 
 from sunk.api import DOMAIN
+from sunk.scheduler.seal import JobSeal
 from sunk.slurm.models import JobSpec
 
 SCHEDULER_NAME = "sunk-scheduler"
@@ -49,7 +51,6 @@ LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 
-TAG = "sunk:"
 # slurm --exclusive modes, by the annotation's value (SUNK's none/user/ok, plus Slurm's words).
 SHARING = {
     "none": "none",
@@ -104,12 +105,6 @@ class Options:
 def job_key(namespace: str, pod_uid: str, gang: Gang | None) -> str:
     """What the job's comment carries: which pod (or gang) it is for."""
     return f"{namespace}/gang:{gang.name}" if gang is not None else f"{namespace}/{pod_uid}"
-
-
-def key_of_comment(comment: str) -> str | None:
-    """The key a sunk job's comment carries, None for other jobs."""
-    head = comment.split(" ", 1)[0]
-    return head.removeprefix(TAG) if head.startswith(TAG) and len(head) > len(TAG) else None
 
 
 def namespace_of_key(key: str) -> str:
@@ -241,7 +236,9 @@ def gres_type(pod: Pod, options: Options) -> str | None:
     return options.gpu_types[product]
 
 
-def job_spec(pods: Sequence[Pod], options: Options, gang: Gang | None = None) -> JobSpec:
+def job_spec(
+    pods: Sequence[Pod], options: Options, seal: JobSeal, gang: Gang | None = None
+) -> JobSpec:
     """The placeholder job for one pod, or for all the pods of a gang (one node each).
 
     Slurm options come from the first pod's annotations; each node gets the
@@ -274,9 +271,7 @@ def job_spec(pods: Sequence[Pod], options: Options, gang: Gang | None = None) ->
         sharing = SHARING[mode.lower()]
     time_limit = annotations.get(ANNOTATION_TIME_LIMIT)
     key = job_key(namespace, first.metadata.uid or "", gang)
-    comment = TAG + key
-    if user_comment := annotations.get(ANNOTATION_COMMENT):
-        comment += " " + user_comment
+    user_id = _int_annotation(annotations, ANNOTATION_USER_ID)
     count = len(pods)
     name = f"{namespace}/{gang.name if gang else first.metadata.name}"
     return JobSpec(
@@ -293,10 +288,10 @@ def job_spec(pods: Sequence[Pod], options: Options, gang: Gang | None = None) ->
         account=annotations.get(ANNOTATION_ACCOUNT),
         qos=annotations.get(ANNOTATION_QOS),
         reservation=annotations.get(ANNOTATION_RESERVATION),
-        comment=comment,
+        comment=seal.comment(key, user_id, annotations.get(ANNOTATION_COMMENT)),
         sharing=sharing,
         requeue=False,
-        user_id=_int_annotation(annotations, ANNOTATION_USER_ID),
+        user_id=user_id,
         group_id=_int_annotation(annotations, ANNOTATION_GROUP_ID),
         standard_output="/dev/null",
     )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
+import base64
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lightkube import ApiError, AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Secret
 from prometheus_client import start_http_server
 
 from sunk.kube.client import kube_client
@@ -16,10 +19,13 @@ from sunk.kube.leader import LeaderElector
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import SCHEDULER_NAME, Options
+from sunk.scheduler.seal import JobSeal, new_secret
+from sunk.service import run_until_terminated
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 
+SEAL_KEY = "seal"
 # Full job listings grow with the queue (seconds at thousands of jobs on a
 # loaded slurmrestd): a slow read is not an outage.
 VIEW_STALE_AFTER = 15.0
@@ -45,6 +51,37 @@ class SchedulerConfig:
     lease_namespace: str = "default"
     identity: str = ""
     metrics_port: int | None = 9090  # None: no /metrics endpoint
+    # The Secret (in lease_namespace) holding the job seal's secret; made on first start.
+    seal_secret_name: str = "sunk-scheduler-seal"  # noqa: S105 - a name, not a secret
+
+
+async def job_seal_secret(kube: AsyncClient, namespace: str, name: str) -> bytes:
+    """The seal's secret from its Secret, created (immutable) on the first start.
+
+    Made here rather than by the chart: a chart that generates keys makes a new
+    one on every `helm template` (so every GitOps sync), and a new secret would
+    disown every job already sealed. It outlives `helm uninstall` on purpose, so
+    a reinstall still knows the jobs of running pods."""
+    try:
+        secret = await kube.get(Secret, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+        fresh = Secret(
+            metadata=ObjectMeta(name=name, namespace=namespace),
+            data={SEAL_KEY: base64.b64encode(new_secret()).decode()},
+            immutable=True,
+        )
+        try:
+            secret = await kube.create(fresh)
+        except ApiError as raced:
+            if raced.status.code != 409:  # another replica made it first
+                raise
+            secret = await kube.get(Secret, name, namespace=namespace)
+    encoded = (secret.data or {}).get(SEAL_KEY)
+    if not encoded:
+        raise ValueError(f"Secret {namespace}/{name} has no {SEAL_KEY!r}")
+    return base64.b64decode(encoded)
 
 
 async def run_scheduler(config: SchedulerConfig) -> None:
@@ -61,6 +98,8 @@ async def run_scheduler(config: SchedulerConfig) -> None:
         kill_wait=config.kill_wait,
         grace_margin=config.grace_margin,
     )
+    secret = await job_seal_secret(kube, config.lease_namespace, config.seal_secret_name)
+    seal = JobSeal(secret, config.slurm_user)
     async with (
         SlurmClient(config.slurmrestd_url, credentials) as slurm,
         SlurmView(
@@ -79,6 +118,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
                 kube,
                 slurm,
                 view,
+                seal=seal,
                 options=options,
                 scheduler_name=config.scheduler_name,
                 namespace=config.namespace,
@@ -94,4 +134,4 @@ async def run_scheduler(config: SchedulerConfig) -> None:
 
 
 def main(config: SchedulerConfig) -> None:
-    asyncio.run(run_scheduler(config))
+    run_until_terminated(run_scheduler(config))
