@@ -64,9 +64,13 @@ class MemorySlurm:
     def on_change(self, callback: Callable[[str], None]) -> None:
         self.callbacks.append(callback)
 
-    async def drain(self, name: str, reason: str) -> None:
+    async def drain_unless_drained(self, name: str, reason: str) -> bool:
+        node = self.nodes.get(name)
+        if node is None or node.drained:
+            return False
         self.log.append(("drain", name))
         self.set(name, drained=True, reason=reason)
+        return True
 
     async def drained_and_idle(self, name: str) -> bool:
         node = self.nodes.get(name)

@@ -29,6 +29,7 @@ import jwt
 import pytest
 
 from plugins.slurm import external_restd
+from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm import (
     Change,
     FileKey,
@@ -350,6 +351,28 @@ def start_dynamic_slurmd(cluster: SlurmCluster, name: str) -> subprocess.Popen[b
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+async def test_a_nodeset_drain_keeps_a_drain_made_since_the_last_poll(
+    slurm: SlurmClient, bed: Bed
+) -> None:
+    """The NodeSet controller decides from a view up to a poll old; a person's
+    drain made since must keep its reason, not be replaced by the update's."""
+    name = bed.node
+    async with SlurmView(slurm, interval=3600, watch_jobs=False) as view, restored(slurm, name):
+        await view.refresh()
+        port = SlurmPortForNodeSets(slurm, view)
+        assert not view.nodes()[name].draining
+        await slurm.drain(name, "admin: bad GPU")  # behind the view's back
+        assert not await port.drain_unless_drained(name, "sunk/nodeset: an update")
+        node = await slurm.node(name)
+        assert node is not None
+        assert node.reason == "admin: bad GPU"
+        await slurm.resume(name)
+        assert await port.drain_unless_drained(name, "sunk/nodeset: an update")
+        node = await slurm.node(name)
+        assert node is not None
+        assert node.reason == "sunk/nodeset: an update"
 
 
 async def test_dynamic_node_added_then_deleted(slurm: SlurmClient, bed: Bed) -> None:

@@ -312,10 +312,10 @@ class NodeSetController:
                     action="Create",
                 )
             case Drain(slurm_node=name, reason=reason):
-                await self._slurm.drain(name, reason)
-                await self._events.emit(
-                    obj, "DrainedNode", f"drained Slurm node {name}: {reason}", action="Drain"
-                )
+                if await self._slurm.drain_unless_drained(name, reason):
+                    await self._events.emit(
+                        obj, "DrainedNode", f"drained Slurm node {name}: {reason}", action="Drain"
+                    )
             case DeletePod(pod=pod_name, slurm_node=name, why=why, confirm=confirm):
                 # The cache may be a moment old: confirm with Slurm itself.
                 if (

@@ -68,9 +68,14 @@ class SlurmPortForNodeSets:
             except Exception:
                 log.exception("NodeSet callback failed for Slurm node %s", name)
 
-    async def drain(self, name: str, reason: str) -> None:
+    async def drain_unless_drained(self, name: str, reason: str) -> bool:
+        # The view may be a poll old: a drain made since would lose its reason.
+        node = await self._view.refresh_node(name)
+        if node is None or node.draining:
+            return False
         await self._client.drain(name, reason)
         self._view.poll_now()
+        return True
 
     async def drained_and_idle(self, name: str) -> bool:
         node = await self._view.refresh_node(name)

@@ -22,7 +22,11 @@ class NodeSetSlurm(Protocol):
         when the view as a whole changes (stale or fresh again)."""
         ...
 
-    async def drain(self, name: str, reason: str) -> None: ...
+    async def drain_unless_drained(self, name: str, reason: str) -> bool:
+        """Drain with `reason` unless a fresh read (not the cache) finds the node
+        gone or drained already, by anyone: a person's drain and its reason are
+        never overwritten. True if it drained."""
+        ...
 
     async def drained_and_idle(self, name: str) -> bool:
         """A fresh read (not the cache): DRAIN set and no job running or completing."""
