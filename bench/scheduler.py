@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 from lightkube import AsyncClient
@@ -43,12 +43,12 @@ from lightkube.resources.core_v1 import Pod
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, wait_until
-from sunk.api import LABEL_NODESET
 from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.testbed.procs import free_port
 from sunk.testbed.slurm import SlurmCluster
+from sunk.testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"
 NODESET_NAMESPACE = "bench-nodeset"
@@ -189,12 +189,11 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
         namespaces=[NAMESPACE, NODESET_NAMESPACE],
     ) as bed:
         kube, cluster, slurm, access = bed.kube, bed.cluster, bed.slurm, bed.access
+        owner = await standing_nodeset(kube, NODESET_NAMESPACE, "b")
         for i, node in enumerate(bed.nodes, start=1):
             # What a NodeSet pod tells the scheduler: Slurm node tbK is Node bench-K.
-            pod = slurmd_pod(
-                f"tb{i}", NODESET_NAMESPACE, node, "Feature=bench CPUs=2", {LABEL_NODESET: "b"}
-            )
-            await kube.create(pod)
+            pod = slurmd_pod(f"tb{i}", NODESET_NAMESPACE, node, "Feature=bench CPUs=2")
+            await kube.create(cast(Pod, Pod.from_dict(owned(pod.to_dict(), owner))))
 
         async def idle() -> bool:
             return await asyncio.to_thread(slurm_nodes_idle, cluster, nodes)

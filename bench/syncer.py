@@ -36,20 +36,20 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, wait_until
 from slurm_port import percentile
-from sunk.api import LABEL_NODESET
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import SlurmApiError
 from sunk.slurm.hostlist import compress
+from sunk.testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"
 ADMIN_REASON = "bench: admin drain"
@@ -191,10 +191,12 @@ async def bench(args: argparse.Namespace) -> None:
             names = bed.nodes
             t = time.monotonic()
             pods = {}
+            owner = await standing_nodeset(kube, NAMESPACE, "bench")
             for node in names:
                 pod = f"slurmd-{node}"
                 conf = "Feature=dynamic CPUs=4 RealMemory=8192"
-                await kube.create(slurmd_pod(pod, NAMESPACE, node, conf, {LABEL_NODESET: "bench"}))
+                body = slurmd_pod(pod, NAMESPACE, node, conf).to_dict()
+                await kube.create(cast(Pod, Pod.from_dict(owned(body, owner))))
                 pods[node] = pod
             credentials = JwtMinter(FileKey(slurm_access.jwt_key), "root")
             async with SlurmClient(slurm_access.restd_url, credentials) as slurm:

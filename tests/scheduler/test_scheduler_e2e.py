@@ -27,7 +27,6 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import SlurmBed, create, set_capacity, slurm_bed, wait_for
-from sunk.api import LABEL_NODESET
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
@@ -112,6 +111,7 @@ async def sched_bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterato
         access = bed.cluster.access()
         ns, port = bed.namespace, bed.ctld_port
         slurmd = {}
+        owner = await slurmpods.standing_nodeset(kube, ns, "k8s")
         for node in bed.node_names[:3]:
             await set_capacity(kube, node, {GPU_RESOURCE: "2"})
             name = f"slurmd-{node}"
@@ -120,8 +120,7 @@ async def sched_bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterato
             )
             command = body["spec"]["containers"][0]["command"]
             command[-1] += " Gres=gpu:2"
-            body["metadata"]["labels"][LABEL_NODESET] = "k8s"
-            await create(kube, body)
+            await create(kube, slurmpods.owned(body, owner))
             slurmd[name] = node
 
         async def gpus_allocatable() -> bool:

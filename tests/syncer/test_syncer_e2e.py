@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from plugins.nodes import RealNodes
@@ -56,11 +57,11 @@ async def sync_bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterator
         ns, port = bed.namespace, bed.ctld_port
         nodes = bed.node_names[:3]
         pods = {}
+        owner = await slurmpods.standing_nodeset(kube, ns, "sync")
         for node in nodes:
             name = f"slurmd-{node}"
             body = slurmpods.slurmd_pod(name, ns, port, image=bed.image, node=node)
-            body["metadata"]["labels"][LABEL_NODESET] = "sync"
-            await create(kube, body)
+            await create(kube, slurmpods.owned(body, owner))
             pods[node] = name
 
         def idle() -> bool:
@@ -80,9 +81,12 @@ LEASE = "sunk-syncer-test"
 
 
 @contextlib.asynccontextmanager
-async def syncing(kube: AsyncClient, sb: SyncBed) -> AsyncIterator[Syncer]:
+async def syncing(
+    kube: AsyncClient, sb: SyncBed, *, every_namespace: bool = False
+) -> AsyncIterator[Syncer]:
     lease = (sb.bed.namespace, LEASE)
-    syncer = Syncer(kube, sb.client, sb.view, namespace=sb.bed.namespace, lease=lease)
+    namespace = None if every_namespace else sb.bed.namespace
+    syncer = Syncer(kube, sb.client, sb.view, namespace=namespace, lease=lease)
     task = asyncio.create_task(syncer.run())
     try:
         yield syncer
@@ -268,6 +272,36 @@ async def test_an_admin_drain_shows_on_the_node_and_is_never_resumed(
         assert now == reason
     finally:
         await asyncio.to_thread(admin_update, cluster, slurm_node, "state=resume")
+
+
+async def test_a_pod_that_only_looks_like_a_slurmd_drains_nothing(
+    kube: AsyncClient, sync_bed: SyncBed
+) -> None:
+    """A tenant's pod in its own namespace, labelled `sunk.dev/nodeset` and named
+    like a Slurm node, on a node with no slurmd: cordoning that node must not
+    drain the real Slurm node (a syncer that took labels on trust did). The
+    syncer watches every namespace here, the chart's widest setting."""
+    slurm_node = sync_bed.pods[sync_bed.nodes[0]]
+    elsewhere = sync_bed.bed.node_names[3]  # no slurmd pod of this bed
+    tenant = f"t-tenant-{sync_bed.bed.namespace.rsplit('-', 1)[1]}"
+    await kube.create(Namespace(metadata=ObjectMeta(name=tenant)))
+    impostor = slurmpods.slurmd_pod(slurm_node, tenant, 1, image=sync_bed.bed.image, node=elsewhere)
+    impostor["metadata"]["labels"][LABEL_NODESET] = "sync"
+    impostor["spec"]["initContainers"] = []
+    impostor["spec"]["volumes"] = []
+    impostor["spec"]["containers"] = [
+        {"name": "main", "image": sync_bed.bed.image, "command": ["sleep", "3600"]}
+    ]
+    try:
+        await create(kube, impostor)
+        async with syncing(kube, sync_bed, every_namespace=True):
+            await set_cordon(kube, elsewhere, True)
+            await asyncio.sleep(3)  # cordon → drain takes about 0.15 s when it is real
+            state, reason = await slurm_reason(sync_bed, slurm_node)
+            assert "DRAIN" not in state, (state, reason)
+    finally:
+        await set_cordon(kube, elsewhere, False)
+        await kube.delete(Namespace, tenant)
 
 
 async def test_the_node_lock_taint_follows_a_running_job(

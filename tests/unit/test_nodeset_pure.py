@@ -235,6 +235,17 @@ class TestBuildPod:
             "uid-1",
             True,
         )
+        # What the scheduler and the syncer take for a slurmd pod: this one, and
+        # not a pod that only carries the label, or an owner of another name.
+        assert api.owning_nodeset(pod) == "gpu"
+        labelled_only = build_pod(NodeSetRef("slurm", "gpu", "uid-1"), spec, node("n7"), "abc")
+        assert labelled_only.metadata is not None
+        labelled_only.metadata.ownerReferences = []
+        assert api.owning_nodeset(labelled_only) is None
+        assert labelled_only.metadata.labels is not None
+        labelled_only.metadata.ownerReferences = pod.metadata.ownerReferences
+        labelled_only.metadata.labels[LABEL_NODESET] = "cpu"
+        assert api.owning_nodeset(labelled_only) is None
         assert pod.spec.affinity is not None
         assert pod.spec.affinity.nodeAffinity is not None
         terms = pod.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution

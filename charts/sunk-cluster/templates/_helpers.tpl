@@ -68,9 +68,10 @@ spec:
             - --slurmrestd={{ .root.Values.slurm.restapiUrl }}
             - --jwt-key=/var/run/sunk/jwt/jwt_hs256.key
             - --slurm-user={{ .root.Values.slurm.user }}
-            {{- with .root.Values.slurm.namespace }}
+            {{- $slurmNamespace := .root.Values.slurm.namespace | default .root.Release.Namespace }}
+            {{- if ne $slurmNamespace "*" }}
             {{- /* the scheduler's --namespace limits the pods it places; the Slurm one is where slurmd pods live */}}
-            - {{ ternary "--slurmd-namespace" "--namespace" (eq $.component "scheduler") }}={{ . }}
+            - {{ ternary "--slurmd-namespace" "--namespace" (eq $.component "scheduler") }}={{ $slurmNamespace }}
             {{- end }}
             {{- if .c.verbose }}
             - --verbose

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sunk.api import GROUP
+from sunk.api import GROUP, LABEL_NODESET
 
 KIND = "NodeSet"
 PLURAL = "nodesets"
@@ -239,3 +239,21 @@ def resource() -> Any:
     from lightkube.generic_resource import create_namespaced_resource
 
     return create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+
+
+def owning_nodeset(pod: Any) -> str | None:
+    """The name of the NodeSet that made `pod`, None for any other pod.
+
+    A label is anyone's to write: a pod is a NodeSet's only if its controller
+    ownerReference names that NodeSet and its `sunk.dev/nodeset` label agrees
+    (the reference needs a uid, and the garbage collector deletes a pod whose
+    owner does not exist). Callers also keep to the namespace their NodeSets
+    live in, which tenants cannot create pods in."""
+    meta = pod.metadata
+    if meta is None:
+        return None
+    label = (meta.labels or {}).get(LABEL_NODESET)
+    for ref in meta.ownerReferences or []:
+        if ref.controller and ref.apiVersion == API_VERSION and ref.kind == KIND:
+            return label if ref.name == label and ref.uid else None
+    return None

@@ -45,6 +45,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
+from sunk.api.nodeset import owning_nodeset
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.raw import bind_pod, delete_pod
@@ -591,7 +592,13 @@ class Scheduler:
 
     def _kube_node(self, slurm_node: str) -> str | None:
         for pod in self._slurmd.items():
-            if pod.metadata and pod.metadata.name == slurm_node and not _deleting(pod):
+            if (
+                pod.metadata
+                and pod.metadata.name == slurm_node
+                and not _deleting(pod)
+                # A label alone (anyone's to write) makes no pod a slurmd's.
+                and owning_nodeset(pod) is not None
+            ):
                 return pod.spec.nodeName if pod.spec else None
         return None
 

@@ -29,6 +29,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
+from sunk.api.nodeset import owning_nodeset
 from sunk.kube.client import pod_ready
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
@@ -202,11 +203,17 @@ class Syncer:
             if pod is not None and pod.spec and pod.spec.nodeName:
                 self.queue.add(pod.spec.nodeName)
 
+    def _slurmd_pods(self) -> list[Pod]:
+        """The NodeSets' pods: a label alone (anyone's to write) makes no pod a slurmd's."""
+        return [p for p in self._pods.items() if owning_nodeset(p) is not None]
+
     def _pod_named(self, name: str) -> Pod | None:
-        return next((p for p in self._pods.items() if p.metadata and p.metadata.name == name), None)
+        return next(
+            (p for p in self._slurmd_pods() if p.metadata and p.metadata.name == name), None
+        )
 
     def _slurmd_pod_on(self, node: str) -> Pod | None:
-        pods = [p for p in self._pods.items() if p.spec and p.spec.nodeName == node]
+        pods = [p for p in self._slurmd_pods() if p.spec and p.spec.nodeName == node]
         pods.sort(key=lambda p: bool(p.metadata and p.metadata.deletionTimestamp))
         return pods[0] if pods else None
 
@@ -284,7 +291,7 @@ class Syncer:
         if not self._view.fresh:
             return
         counts: dict[tuple[str, str], int] = {}
-        for pod in self._pods.items():
+        for pod in self._slurmd_pods():
             node = self._view.node((pod.metadata.name if pod.metadata else None) or "")
             if node is not None:
                 key = (node.base_state, "true" if node.draining else "false")

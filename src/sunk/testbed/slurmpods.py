@@ -22,9 +22,15 @@ address), from the slurm image built from `images/slurm`:
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lightkube import AsyncClient
+
+from sunk.api import LABEL_NODESET
+from sunk.api import nodeset as nodeset_api
+from sunk.api.install import install_crds
 from sunk.nodeset.pods import DAEMON_TOLERATIONS
 
 SLURMD_PORT = 6818
@@ -186,3 +192,47 @@ def nodeset_template(ctld_port: int, image: str, marker: str = "v1") -> dict[str
 
 def _pod_name_env() -> dict[str, Any]:
     return {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+
+
+async def standing_nodeset(kube: AsyncClient, namespace: str, name: str) -> dict[str, Any]:
+    """A NodeSet that selects no node, to own slurmd pods made by hand; returns the
+    metadata that makes a pod its own (label and controller ownerReference).
+
+    The scheduler and the syncer take for slurmd pods only pods a NodeSet owns:
+    beds that run slurmd pods without the NodeSet controller make them so."""
+    await install_crds(kube)
+    body = {
+        "apiVersion": nodeset_api.API_VERSION,
+        "kind": nodeset_api.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeSelector": {"sunk.test/no-such-node": "true"},
+                    "containers": [{"name": "slurmd", "image": "none"}],
+                }
+            }
+        },
+    }
+    resource = nodeset_api.resource()
+    made = await kube.create(resource(body), namespace=namespace)  # type: ignore[call-overload]
+    return {
+        "labels": {LABEL_NODESET: name},
+        "ownerReferences": [
+            {
+                "apiVersion": nodeset_api.API_VERSION,
+                "kind": nodeset_api.KIND,
+                "name": name,
+                "uid": made["metadata"]["uid"],
+                "controller": True,
+            }
+        ],
+    }
+
+
+def owned(body: dict[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """`body` (a pod) as `standing_nodeset`'s NodeSet's own."""
+    meta = body["metadata"]
+    meta["labels"] = {**meta.get("labels", {}), **owner["labels"]}
+    meta["ownerReferences"] = list(owner["ownerReferences"])
+    return body
