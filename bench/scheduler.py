@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx2
+import yaml
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Pod
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, wait_until
@@ -206,6 +208,15 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
             print(f"kube-scheduler, {count}: {results[('kube-scheduler', count)]}", flush=True)
             await clear(kube)
 
+        # Its tenancy: the bench's pods run in Slurm as nobody (a uid of at least
+        # 1000 that the root filesystem knows).
+        grant = {"namespaces": [NAMESPACE], "uids": "65534", "user": 65534}
+        await kube.create(
+            ConfigMap(
+                metadata=ObjectMeta(name="sunk-scheduler-tenancy", namespace="default"),
+                data={"tenancy.yaml": yaml.safe_dump({"tenants": [grant]})},
+            )
+        )
         # sunk's scheduler as its own process, as kube-scheduler is: `sunk scheduler`.
         argv = [
             str(Path(sys.executable).parent / "sunk"),

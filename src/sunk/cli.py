@@ -213,6 +213,13 @@ def scheduler(
             "scheduler's jobs (created on first start)."
         ),
     ] = "sunk-scheduler-seal",  # noqa: S107 - a Secret's name, not a secret
+    tenancy_configmap: Annotated[
+        str,
+        typer.Option(
+            help="ConfigMap in the lease namespace whose `tenancy.yaml` grants namespaces "
+            "their Slurm accounts, partitions, QOS and uids (none listed: none served)."
+        ),
+    ] = "sunk-scheduler-tenancy",
     verbose: VerboseOption = False,
 ) -> None:
     """Place pods on NodeSet nodes through Slurm jobs (leader-elected)."""
@@ -237,6 +244,7 @@ def scheduler(
             lease_namespace=lease_namespace,
             metrics_port=metrics_port or None,
             seal_secret_name=job_seal_secret,
+            tenancy_configmap=tenancy_configmap,
         )
     )
 

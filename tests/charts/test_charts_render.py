@@ -21,8 +21,9 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBi
 
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
+from sunk.scheduler.tenancy import parse_tenancy
 from sunk.syncer.decide import LABEL_SLURM_BUSY
-from sunk.testbed.helm import CHARTS, Helm, ensure_helm
+from sunk.testbed.helm import CHARTS, Helm, HelmError, ensure_helm
 
 pytestmark = pytest.mark.testbed
 
@@ -143,3 +144,30 @@ async def test_the_scheduler_may_read_its_seal_secret_and_no_other(
         for obj in made:
             if obj.metadata and isinstance(obj, (ClusterRole, ClusterRoleBinding)):
                 await kube.delete(type(obj), obj.metadata.name or "")
+
+
+def test_the_tenancy_values_render_to_what_the_scheduler_reads(helm: Helm) -> None:
+    """`scheduler.tenants` becomes the ConfigMap the scheduler parses; the chart's
+    schema refuses a uid below 1000 before anything is installed."""
+    chart = CHARTS / "sunk-cluster"
+    values = chart / "ci" / "all-components-values.yaml"
+    out = helm.run(["template", "rel", str(chart), "-f", str(values)])
+    (configmap,) = [
+        d
+        for d in yaml.safe_load_all(out)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "rel-scheduler-tenancy"
+    ]
+    tenancy = parse_tenancy(configmap["data"]["tenancy.yaml"], "the rendered ConfigMap")
+    grant = tenancy.grant_for("inference")
+    assert grant is not None
+    assert (grant.user, grant.accounts, grant.partitions) == (5000, ["inference"], ["k8s"])
+    with pytest.raises(HelmError, match="minimum"):
+        helm.run(
+            [
+                "template",
+                "rel",
+                str(chart),
+                "--set-json",
+                'scheduler.tenants=[{"namespaces":["a"],"uids":"0","user":0}]',
+            ]
+        )

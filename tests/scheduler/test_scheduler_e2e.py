@@ -23,17 +23,20 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import SlurmBed, create, set_capacity, slurm_bed, wait_for
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
+    ANNOTATION_ACCOUNT,
     ANNOTATION_EXCLUSIVE,
     ANNOTATION_JOB_ID,
     ANNOTATION_PARTITION,
     ANNOTATION_TIME_LIMIT,
+    ANNOTATION_USER_ID,
     GANG_NAME,
     GANG_SIZE,
     GPU_RESOURCE,
@@ -42,6 +45,7 @@ from sunk.scheduler.request import (
 )
 from sunk.scheduler.run import VIEW_STALE_AFTER
 from sunk.scheduler.seal import JobSeal
+from sunk.scheduler.tenancy import Grant, Tenancy
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import Job
@@ -53,6 +57,24 @@ pytestmark = pytest.mark.testbed
 KILL_WAIT = 10
 # The in-process scheduler's seal; it acts in Slurm as root.
 SEAL = JobSeal(b"the scheduler e2e's job seal....", "root")
+# Its tenant's jobs run as nobody: a uid of at least 1000 that the slurm image
+# and the test bed's root filesystem both know.
+TENANT_UID = 65534
+
+
+def tenancy(namespace: str) -> Tenancy:
+    return Tenancy(
+        tenants=[
+            Grant(
+                namespaces=[namespace],
+                uids=str(TENANT_UID),
+                user=TENANT_UID,
+                partitions=["k8s", "low", "high"],
+            )
+        ]
+    )
+
+
 SLURM_CONF = [
     "GresTypes=gpu",
     f"KillWait={KILL_WAIT}",
@@ -86,11 +108,12 @@ class SchedBed:
 
     async def our_jobs(self) -> list[dict[str, str]]:
         """Pending or running jobs the scheduler sealed: id, state, nodes, key, name."""
-        out = await self.aslurm("squeue", "-h", "-o", "%i|%T|%N|%u|%j|%k")
+        out = await self.aslurm("squeue", "-h", "-o", "%i|%T|%N|%u|%U|%j|%k")
         jobs = []
         for line in out.splitlines():
-            job_id, state, nodes, user, name, comment = line.split("|", 5)
-            key = SEAL.key_of(Job(job_id=int(job_id), comment=comment, user_name=user))
+            job_id, state, nodes, user, uid, name, comment = line.split("|", 6)
+            job = Job(job_id=int(job_id), comment=comment, user_name=user, user_id=int(uid))
+            key = SEAL.key_of(job)
             if key is not None and state in ("PENDING", "RUNNING"):
                 jobs.append(
                     {"id": job_id, "state": state, "nodes": nodes, "key": key, "name": name}
@@ -145,8 +168,9 @@ async def sched_bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterato
 class SchedulerProcess:
     """The scheduler with its own Slurm client and view; killed like a process."""
 
-    def __init__(self, kube: AsyncClient, sb: SchedBed) -> None:
+    def __init__(self, kube: AsyncClient, sb: SchedBed, *, every_namespace: bool = False) -> None:
         self.kube, self.sb = kube, sb
+        self.namespace = None if every_namespace else sb.bed.namespace
         self.task: asyncio.Task[None] | None = None
         self.scheduler: Scheduler | None = None
         # One registry across restarts, as `sunk scheduler` keeps across leadership terms.
@@ -165,8 +189,10 @@ class SchedulerProcess:
                 client,
                 view,
                 seal=SEAL,
+                tenancy=lambda: tenancy(self.sb.bed.namespace),
+                tenancy_source="the test's tenancy",
                 options=Options(partition="k8s", kill_wait=KILL_WAIT),
-                namespace=self.sb.bed.namespace,
+                namespace=self.namespace,
                 slurmd_namespace=self.sb.bed.namespace,
                 metrics=self.metrics,
             )
@@ -194,8 +220,10 @@ class SchedulerProcess:
 
 
 @contextlib.asynccontextmanager
-async def scheduling(kube: AsyncClient, sb: SchedBed) -> AsyncIterator[SchedulerProcess]:
-    process = SchedulerProcess(kube, sb)
+async def scheduling(
+    kube: AsyncClient, sb: SchedBed, *, every_namespace: bool = False
+) -> AsyncIterator[SchedulerProcess]:
+    process = SchedulerProcess(kube, sb, every_namespace=every_namespace)
     process.start()
     try:
         yield process
@@ -359,10 +387,12 @@ async def running(sb: SchedBed, job_id: str) -> bool:
     return (await sb.job_fields(job_id)).get("JobState") == "RUNNING"
 
 
-async def events_for(kube: AsyncClient, sb: SchedBed, name: str) -> list[Event]:
+async def events_for(
+    kube: AsyncClient, sb: SchedBed, name: str, namespace: str | None = None
+) -> list[Event]:
     return [
         e
-        async for e in kube.list(Event, namespace=sb.bed.namespace)
+        async for e in kube.list(Event, namespace=namespace or sb.bed.namespace)
         if e.involvedObject.name == name
     ]
 
@@ -418,8 +448,9 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
         await wait_for("the pod to be evicted", evicted, timeout=10)
         print(f"scancel → pod deleted in {asyncio.get_running_loop().time() - started:.2f}s")
         assert any(e.reason == "Evicted" for e in await events_for(kube, sb, "victim"))
-        # A free pool: an allocation Slurm started at once; its metrics say so.
-        assert process.jobs_of_kind("allocation") == 1
+        # A tenant's job is a batch placeholder (an allocation would run as the
+        # scheduler's own user); the metrics say so.
+        assert process.jobs_of_kind("batch") == 1
         registry = process.metrics.registry
         assert registry.get_sample_value("sunk_scheduler_binds_total") == 1
         assert registry.get_sample_value("sunk_scheduler_bind_seconds_count") == 1
@@ -431,42 +462,62 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
 async def test_invalid_annotations_give_an_event_and_no_binding(
     kube: AsyncClient, sched_bed: SchedBed
 ) -> None:
+    """Pods that ask what the scheduler cannot express or their namespace is not
+    granted (as a tenant would try: root, another account, a partition outside
+    the grant, a namespace the tenancy does not list) get an Event naming the
+    rule, and no job."""
     sb = sched_bed
-    cases = {
+    unserved = f"t-unserved-{sb.bed.namespace.rsplit('-', 1)[1]}"
+    stranger = pod_body(sb, "stranger")
+    assert stranger.metadata is not None
+    stranger.metadata.namespace = unserved
+    asks = {  # pod name → (annotations, what the Event must say)
         "bad-partition": (
-            pod_body(sb, "bad-partition", annotations={ANNOTATION_PARTITION: "nope"}),
-            "Invalid partition",
+            {ANNOTATION_PARTITION: "nope"},
+            "sunk.dev/partition: 'nope' is not granted (granted: k8s, low, high)",
         ),
-        "bad-time": (
-            pod_body(sb, "bad-time", annotations={ANNOTATION_TIME_LIMIT: "soon"}),
-            "invalid time limit",
+        "bad-time": ({ANNOTATION_TIME_LIMIT: "soon"}, "invalid time limit"),
+        "as-root": ({ANNOTATION_USER_ID: "0"}, "sunk.dev/user-id: uid 0 is not granted"),
+        "other-account": (
+            {ANNOTATION_ACCOUNT: "finance"},
+            "sunk.dev/account: 'finance' is not granted",
         ),
-        "bad-grace": (pod_body(sb, "bad-grace", grace=60), "KillWait"),
     }
-    async with scheduling(kube, sb):
-        for pod, _ in cases.values():
-            await kube.create(pod)
+    cases = {
+        name: (pod_body(sb, name, annotations=annotations), text)
+        for name, (annotations, text) in asks.items()
+    }
+    cases["bad-grace"] = (pod_body(sb, "bad-grace", grace=60), "KillWait")
+    cases["stranger"] = (stranger, f"namespace {unserved} is not served")
+    await kube.create(Namespace(metadata=ObjectMeta(name=unserved)))
+    try:
+        async with scheduling(kube, sb, every_namespace=True):
+            for pod, _ in cases.values():
+                await kube.create(pod)
 
-        async def reported() -> bool:
-            for name, (_, text) in cases.items():
-                notes = [
-                    e.message or ""
-                    for e in await events_for(kube, sb, name)
-                    if e.reason == "FailedScheduling"
-                ]
-                if not any(text in note for note in notes):
-                    return False
-            return True
+            async def reported() -> bool:
+                for name, (pod, text) in cases.items():
+                    namespace = pod.metadata.namespace if pod.metadata else None
+                    notes = [
+                        e.message or ""
+                        for e in await events_for(kube, sb, name, namespace)
+                        if e.reason == "FailedScheduling"
+                    ]
+                    if not any(text in note for note in notes):
+                        return False
+                return True
 
-        await wait_for("an Event with the reason for every pod", reported)
-        await asyncio.sleep(2)
-        for name in cases:
-            pod = await get_pod(kube, sb, name)
-            assert await bound_node(kube, sb, name) == ""
-            assert scheduled_condition(pod)[0] == "False"
-            assert job_of(pod) == ""
-        assert not await sb.our_jobs()
-        await delete_and_wait(kube, sb, *cases)
+            await wait_for("an Event with the reason for every pod", reported)
+            await asyncio.sleep(2)
+            for name in set(cases) - {"stranger"}:
+                pod = await get_pod(kube, sb, name)
+                assert await bound_node(kube, sb, name) == ""
+                assert scheduled_condition(pod)[0] == "False"
+                assert job_of(pod) == ""
+            assert not await sb.our_jobs()
+            await delete_and_wait(kube, sb, *(set(cases) - {"stranger"}))
+    finally:
+        await kube.delete(Namespace, unserved)
 
 
 async def test_a_gang_of_three_binds_all_or_nothing(kube: AsyncClient, sched_bed: SchedBed) -> None:
@@ -672,19 +723,20 @@ async def test_a_job_id_written_on_a_pod_claims_no_one_elses_job(
 async def test_a_crafted_job_comment_takes_no_gang(kube: AsyncClient, sched_bed: SchedBed) -> None:
     """Gang keys are predictable, and comments are anyone's to write and read.
     A Slurm user submits jobs for a gang before its pods exist: one with a
-    made-up comment that ended, one running, and one carrying a real seal
-    copied from `squeue` but submitted as another user. None of them is taken
+    made-up comment that ended, one running, and one carrying the seal the
+    scheduler's own job for the gang would carry (as read from `squeue`), but
+    submitted by another user. None of them is taken
     for the gang's job: the gang gets its own, and the impostors are left alone."""
     sb = sched_bed
     key = f"{sb.bed.namespace}/gang:duo"
     made_up = f"--comment=sunk:{key}"
-    copied = f"--comment={SEAL.comment(key, None)}"
+    copied = f"--comment={SEAL.comment(key, TENANT_UID)}"
     submit = ("sbatch", "--parsable", "-p", "k8s", "--chdir=/tmp", "-o", "/dev/null")
-    as_nobody = ("runuser", "-u", "nobody", "--")
+    as_another = ("runuser", "-u", "daemon", "--")
     ended = (await sb.aslurm(*submit, made_up, "--wrap", "true")).strip()
     impostors = [
         (await sb.aslurm(*submit, made_up, "--wrap", "sleep 600")).strip(),
-        (await sb.aslurm(*as_nobody, *submit, copied, "--wrap", "sleep 600")).strip(),
+        (await sb.aslurm(*as_another, *submit, copied, "--wrap", "sleep 600")).strip(),
     ]
     labels = {GANG_NAME: "duo", GANG_SIZE: "2"}
     names = ["duo-0", "duo-1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -20,18 +21,29 @@ from sunk.scheduler.request import (
     LWS_NAME,
     LWS_SIZE,
     Gang,
+    Identity,
     InvalidPod,
     Options,
     gang_of,
+    identity_of,
     job_key,
     job_spec,
     resources_of,
     time_limit_minutes,
 )
 from sunk.scheduler.seal import JobSeal
+from sunk.scheduler.tenancy import Grant, Tenancy
 from sunk.slurm.models import Job
 
 SEAL = JobSeal(b"k" * 32, "slurm")
+ME = Identity(user_id=5000)
+TENANCY = Tenancy(
+    tenants=[
+        Grant(
+            namespaces=["ns"], uids="5000-5009", user=5000, partitions=["k8s", "gpu"], qos=["high"]
+        )
+    ]
+)
 
 
 def pod(
@@ -100,23 +112,21 @@ def test_resources_round_cpus_up_and_count_init_containers_like_kubernetes() -> 
 
 
 def test_the_job_carries_the_pods_identity_and_options() -> None:
-    spec = job_spec(
-        [
-            pod(
-                requests={"cpu": "2", "memory": "512Mi"},
-                limits={"nvidia.com/gpu": "2"},
-                annotations={
-                    ANNOTATION_PARTITION: "gpu",
-                    ANNOTATION_QOS: "high",
-                    ANNOTATION_TIME_LIMIT: "1:00:00",
-                    ANNOTATION_EXCLUSIVE: "user",
-                    "sunk.dev/comment": "inference",
-                },
-            )
-        ],
-        Options(partition="k8s"),
-        SEAL,
+    first = pod(
+        requests={"cpu": "2", "memory": "512Mi"},
+        limits={"nvidia.com/gpu": "2"},
+        annotations={
+            ANNOTATION_PARTITION: "gpu",
+            ANNOTATION_QOS: "high",
+            ANNOTATION_TIME_LIMIT: "1:00:00",
+            ANNOTATION_EXCLUSIVE: "user",
+            "sunk.dev/comment": "inference",
+        },
     )
+    options = Options(partition="k8s")
+    identity = identity_of(first, TENANCY, "the test's tenancy", options)
+    spec = job_spec([first], options, SEAL, identity)
+    assert spec.user_id == 5000  # the namespace's default user
     assert spec.partition == "gpu"
     assert spec.qos == "high"
     assert spec.time_limit_minutes == 60
@@ -126,10 +136,10 @@ def test_the_job_carries_the_pods_identity_and_options() -> None:
         512,
         "gres/gpu:2",
     )
-    assert spec.comment == SEAL.comment("ns/uid-p", None, "inference")
-    assert (spec.comment or "").startswith("sunk:ns/uid-p seal=@:")
+    assert spec.comment == SEAL.comment("ns/uid-p", 5000, "inference")
+    assert (spec.comment or "").startswith("sunk:ns/uid-p seal=5000:")
     assert (spec.comment or "").endswith(" inference")
-    job = Job(job_id=1, comment=spec.comment or "", user_name="slurm")
+    job = Job(job_id=1, comment=spec.comment or "", user_name="u5000", user_id=5000)
     assert SEAL.key_of(job) == job_key("ns", "uid-p", None)
     assert spec.name == "ns/p"
 
@@ -138,27 +148,27 @@ def test_gpu_types_come_from_an_annotation_or_the_product_table() -> None:
     options = Options(gpu_types={"NVIDIA-H100-80GB-HBM3": "h100"})
     gpus = {"nvidia.com/gpu": "4"}
     by_product = job_spec(
-        [pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"})], options, SEAL
+        [pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"})], options, SEAL, ME
     )
     assert by_product.tres_per_node == "gres/gpu:h100:4"
     by_annotation = job_spec(
-        [pod(limits=gpus, annotations={ANNOTATION_GPU_TYPE: "a100"})], options, SEAL
+        [pod(limits=gpus, annotations={ANNOTATION_GPU_TYPE: "a100"})], options, SEAL, ME
     )
     assert by_annotation.tres_per_node == "gres/gpu:a100:4"
     with pytest.raises(InvalidPod, match="no GRES type"):
-        job_spec([pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "unknown"})], options, SEAL)
+        job_spec([pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "unknown"})], options, SEAL, ME)
 
 
 def test_a_grace_period_longer_than_killwait_is_refused() -> None:
     options = Options(kill_wait=30, grace_margin=1)
-    job_spec([pod(grace=29)], options, SEAL)
+    job_spec([pod(grace=29)], options, SEAL, ME)
     with pytest.raises(InvalidPod, match="KillWait"):
-        job_spec([pod(grace=None)], options, SEAL)  # Kubernetes' default: 30 s
+        job_spec([pod(grace=None)], options, SEAL, ME)  # Kubernetes' default: 30 s
 
 
 def test_an_unknown_exclusive_mode_is_refused() -> None:
     with pytest.raises(InvalidPod, match="exclusive"):
-        job_spec([pod(annotations={ANNOTATION_EXCLUSIVE: "sometimes"})], Options(), SEAL)
+        job_spec([pod(annotations={ANNOTATION_EXCLUSIVE: "sometimes"})], Options(), SEAL, ME)
 
 
 def test_gangs_from_sunk_labels_and_leaderworkersets() -> None:
@@ -168,9 +178,9 @@ def test_gangs_from_sunk_labels_and_leaderworkersets() -> None:
     with pytest.raises(InvalidPod):
         gang_of(pod(labels={GANG_NAME: "g", GANG_SIZE: "zero"}))
     members = [pod(f"m{i}", requests={"cpu": str(i + 1)}) for i in range(3)]
-    spec = job_spec(members, Options(), SEAL, Gang("g", 3))
+    spec = job_spec(members, Options(), SEAL, ME, Gang("g", 3))
     assert (spec.nodes, spec.tasks, spec.cpus_per_task) == ("3", 3, 3)
-    assert spec.comment == SEAL.comment("ns/gang:g", None)
+    assert spec.comment == SEAL.comment("ns/gang:g", 5000)
 
 
 def test_pods_stop_before_slurm_ends_their_allocation() -> None:
@@ -190,3 +200,32 @@ def test_a_refused_immediate_allocation_is_nobodys_job() -> None:
     assert not _refused_allocation(Job(job_id=1, job_state=("FAILED",), nodes="n1"))
     assert not _refused_allocation(Job(job_id=1, job_state=("FAILED",), batch_flag=True))
     assert not _refused_allocation(Job(job_id=1, job_state=("PENDING",)))
+
+
+@pytest.mark.parametrize(
+    ("namespace", "annotations", "refusal"),
+    [
+        ("elsewhere", {}, "namespace elsewhere is not served: no tenant in the test's tenancy"),
+        ("ns", {"sunk.dev/user-id": "0"}, "sunk.dev/user-id: uid 0 is not granted"),
+        ("ns", {"sunk.dev/user-id": "5010"}, "uid 5010 is not granted to namespace ns"),
+        ("ns", {"sunk.dev/group-id": "5000"}, "gid 5000 is not granted to namespace ns"),
+        ("ns", {"sunk.dev/account": "other"}, "'other' is not granted (granted: none)"),
+        ("ns", {ANNOTATION_PARTITION: "debug"}, "'debug' is not granted (granted: k8s, gpu)"),
+        ("ns", {ANNOTATION_QOS: "root"}, "sunk.dev/qos: 'root' is not granted"),
+    ],
+)
+def test_a_pod_asks_only_what_its_namespace_is_granted(
+    namespace: str, annotations: dict[str, str], refusal: str
+) -> None:
+    asking = pod(annotations=annotations)
+    assert asking.metadata is not None
+    asking.metadata.namespace = namespace
+    with pytest.raises(InvalidPod, match=re.escape(refusal)):
+        identity_of(asking, TENANCY, "the test's tenancy", Options(partition="k8s"))
+
+
+def test_what_a_pod_does_not_ask_comes_from_its_grant() -> None:
+    got = identity_of(pod(), TENANCY, "t", Options(partition="k8s"))
+    assert got == Identity(user_id=5000, partition="k8s", qos="high")
+    asked = identity_of(pod(annotations={"sunk.dev/user-id": "5009"}), TENANCY, "t", Options())
+    assert asked.user_id == 5009

@@ -16,7 +16,8 @@ now, and moves them one step towards agreement:
 - job ended (cancelled, timed out, preempted) → evict the pods;
 - pods gone or finished → cancel the job.
 
-Two kinds of job, because each is fast where the other is not:
+Two kinds of job, because each is fast where the other is not (a tenant's
+job, which runs as a uid of its own, is always a placeholder: see `_place`):
 - an immediate allocation (`POST /job/allocate`, `salloc --immediate`):
   slurmctld places it within the request, or refuses it at once; a batch job
   would wait for the next scheduling pass (a whole second at best);
@@ -37,7 +38,7 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from lightkube import ALL_NS, ApiError, AsyncClient, operators
@@ -59,11 +60,13 @@ from sunk.scheduler.request import (
     Options,
     gang_of,
     grace_seconds,
+    identity_of,
     job_key,
     job_spec,
     namespace_of_key,
 )
 from sunk.scheduler.seal import JobSeal
+from sunk.scheduler.tenancy import Tenancy
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import (
     SlurmApiError,
@@ -177,6 +180,8 @@ class Scheduler:
         view: SlurmView,
         *,
         seal: JobSeal,
+        tenancy: Callable[[], Tenancy],
+        tenancy_source: str = "the scheduler's tenancy",
         options: Options | None = None,
         scheduler_name: str = SCHEDULER_NAME,
         namespace: str | None = None,
@@ -191,6 +196,8 @@ class Scheduler:
         self._slurm = slurm
         self._view = view
         self._seal = seal
+        self._tenancy = tenancy  # read at each submit: a change applies to the next pod
+        self._tenancy_source = tenancy_source
         self._namespace = namespace
         self._workers = workers
         # A predecessor killed mid-submit may have a job still in slurmctld's
@@ -293,6 +300,11 @@ class Scheduler:
                     self._requeue_all()
         finally:
             subscription.close()
+
+    def tenancy_changed(self) -> None:
+        """Pods refused under the old tenancy are looked at again now."""
+        self._reported.clear()
+        self._requeue_all()
 
     def _requeue_all(self) -> None:
         keys = set(self._pods_by_key) | {k for k in self._jobs_by_key if self._in_scope(k)}
@@ -497,7 +509,8 @@ class Scheduler:
         if not self.ready.is_set():
             return None  # every key is looked at again once it is
         try:
-            spec = job_spec(pods, self.options, self._seal, gang)
+            identity = identity_of(pods[0], self._tenancy(), self._tenancy_source, self.options)
+            spec = job_spec(pods, self.options, self._seal, identity, gang)
         except InvalidPod as exc:
             await self._refuse(key, pods, str(exc))
             return Result(requeue_after=INVALID_RETRY)
@@ -543,7 +556,14 @@ class Scheduler:
         return None
 
     async def _place(self, spec: JobSpec) -> tuple[SubmitResult, bool]:
-        """An allocation if Slurm can start one now (True), else a batch placeholder."""
+        """An allocation if Slurm can start one now (True), else a batch placeholder.
+
+        Only a job of the scheduler's own Slurm user can be an allocation:
+        slurmrestd's `job/allocate` runs it as the token's user whatever
+        `user_id` says (measured on 24.11), so a tenant's job is always a
+        placeholder, which Slurm runs as the uid it names."""
+        if spec.user_id is not None:
+            return await self._slurm.submit(spec), False
         try:
             allocation = spec.model_copy(update={"script": None, "immediate": True})
             return await self._slurm.allocate(allocation), True

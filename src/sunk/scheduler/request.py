@@ -20,6 +20,7 @@ from lightkube.utils.quantity import parse_quantity
 
 from sunk.api import DOMAIN
 from sunk.scheduler.seal import JobSeal
+from sunk.scheduler.tenancy import MIN_ID, Tenancy
 from sunk.slurm.models import JobSpec
 
 SCHEDULER_NAME = "sunk-scheduler"
@@ -236,8 +237,67 @@ def gres_type(pod: Pod, options: Options) -> str | None:
     return options.gpu_types[product]
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who the job is in Slurm, once the namespace's grant allowed it."""
+
+    user_id: int
+    group_id: int | None = None
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+
+
+def identity_of(pod: Pod, tenancy: Tenancy, source: str, options: Options) -> Identity:
+    """What the pod may be in Slurm: its annotations checked against its
+    namespace's grant (`source` names where the tenancy comes from); InvalidPod
+    naming the annotation and the rule."""
+    assert pod.metadata is not None
+    namespace = pod.metadata.namespace or "default"
+    _, annotations = _meta(pod)
+    grant = tenancy.grant_for(namespace)
+    if grant is None:
+        raise InvalidPod(f"namespace {namespace} is not served: no tenant in {source} lists it")
+    user_id = _int_annotation(annotations, ANNOTATION_USER_ID)
+    if user_id is not None and (user_id < MIN_ID or not grant.allows_uid(user_id)):
+        raise InvalidPod(
+            f"{ANNOTATION_USER_ID}: uid {user_id} is not granted to namespace {namespace} "
+            f"(uids {grant.uids}; never below {MIN_ID})"
+        )
+    group_id = _int_annotation(annotations, ANNOTATION_GROUP_ID)
+    if group_id is not None and (group_id < MIN_ID or not grant.allows_gid(group_id)):
+        raise InvalidPod(
+            f"{ANNOTATION_GROUP_ID}: gid {group_id} is not granted to namespace {namespace} "
+            f"(gids {grant.gids or 'none'}; never below {MIN_ID})"
+        )
+    chosen: dict[str, str | None] = {}
+    for kind, annotation, fallback in (
+        ("accounts", ANNOTATION_ACCOUNT, None),
+        ("partitions", ANNOTATION_PARTITION, options.partition),
+        ("qos", ANNOTATION_QOS, None),
+        ("reservations", ANNOTATION_RESERVATION, None),
+    ):
+        try:
+            chosen[kind] = grant.chosen(kind, annotations.get(annotation), fallback)
+        except ValueError as error:
+            raise InvalidPod(f"{annotation}: {error} to namespace {namespace}") from None
+    return Identity(
+        user_id=grant.user if user_id is None else user_id,
+        group_id=grant.group if group_id is None else group_id,
+        account=chosen["accounts"],
+        partition=chosen["partitions"],
+        qos=chosen["qos"],
+        reservation=chosen["reservations"],
+    )
+
+
 def job_spec(
-    pods: Sequence[Pod], options: Options, seal: JobSeal, gang: Gang | None = None
+    pods: Sequence[Pod],
+    options: Options,
+    seal: JobSeal,
+    identity: Identity,
+    gang: Gang | None = None,
 ) -> JobSpec:
     """The placeholder job for one pod, or for all the pods of a gang (one node each).
 
@@ -271,13 +331,12 @@ def job_spec(
         sharing = SHARING[mode.lower()]
     time_limit = annotations.get(ANNOTATION_TIME_LIMIT)
     key = job_key(namespace, first.metadata.uid or "", gang)
-    user_id = _int_annotation(annotations, ANNOTATION_USER_ID)
     count = len(pods)
     name = f"{namespace}/{gang.name if gang else first.metadata.name}"
     return JobSpec(
         script=PLACEHOLDER_SCRIPT,
         name=name,
-        partition=annotations.get(ANNOTATION_PARTITION) or options.partition,
+        partition=identity.partition,
         constraints=options.constraint,
         nodes=str(count),
         tasks=count,
@@ -285,13 +344,13 @@ def job_spec(
         memory_per_node_mb=memory,
         tres_per_node=gres,
         time_limit_minutes=time_limit_minutes(time_limit) if time_limit else None,
-        account=annotations.get(ANNOTATION_ACCOUNT),
-        qos=annotations.get(ANNOTATION_QOS),
-        reservation=annotations.get(ANNOTATION_RESERVATION),
-        comment=seal.comment(key, user_id, annotations.get(ANNOTATION_COMMENT)),
+        account=identity.account,
+        qos=identity.qos,
+        reservation=identity.reservation,
+        comment=seal.comment(key, identity.user_id, annotations.get(ANNOTATION_COMMENT)),
         sharing=sharing,
         requeue=False,
-        user_id=user_id,
-        group_id=_int_annotation(annotations, ANNOTATION_GROUP_ID),
+        user_id=identity.user_id,
+        group_id=identity.group_id,
         standard_output="/dev/null",
     )

@@ -2,30 +2,38 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Secret
+from lightkube.resources.core_v1 import ConfigMap, Secret
 from prometheus_client import start_http_server
 
 from sunk.kube.client import kube_client
+from sunk.kube.events import EventRecorder
+from sunk.kube.informer import Informer
 from sunk.kube.leader import LeaderElector
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import SCHEDULER_NAME, Options
 from sunk.scheduler.seal import JobSeal, new_secret
+from sunk.scheduler.tenancy import Tenancy, TenancyError, parse_tenancy
 from sunk.service import run_until_terminated
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 
+log = logging.getLogger(__name__)
+
 SEAL_KEY = "seal"
+TENANCY_KEY = "tenancy.yaml"
 # Full job listings grow with the queue (seconds at thousands of jobs on a
 # loaded slurmrestd): a slow read is not an outage.
 VIEW_STALE_AFTER = 15.0
@@ -53,6 +61,61 @@ class SchedulerConfig:
     metrics_port: int | None = 9090  # None: no /metrics endpoint
     # The Secret (in lease_namespace) holding the job seal's secret; made on first start.
     seal_secret_name: str = "sunk-scheduler-seal"  # noqa: S105 - a name, not a secret
+    # The ConfigMap (in lease_namespace) with the tenancy, key `tenancy.yaml`.
+    tenancy_configmap: str = "sunk-scheduler-tenancy"
+
+
+class TenancyWatch:
+    """The tenancy ConfigMap, kept current. An invalid edit is logged and told
+    as an Event on the ConfigMap, and the last valid tenancy stays: a typo must
+    not stop every tenant. A missing ConfigMap serves no namespace."""
+
+    def __init__(self, kube: AsyncClient, namespace: str, name: str) -> None:
+        self.source = f"ConfigMap {namespace}/{name}"
+        self._key = f"{namespace}/{name}"
+        self._informer: Informer[ConfigMap] = Informer(
+            kube, ConfigMap, namespace=namespace, fields={"metadata.name": name}
+        )
+        self._events = EventRecorder(kube, "sunk-scheduler")
+        self._tenancy = Tenancy()
+        self._loaded = ""  # the resourceVersion read last
+        self.ready = asyncio.Event()
+        self.on_change: Callable[[], None] = lambda: None
+
+    def current(self) -> Tenancy:
+        return self._tenancy
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._informer.run())
+            while True:
+                await self._informer.synced.wait()
+                await self._load()
+                self.ready.set()
+                await asyncio.sleep(1.0)
+
+    async def _load(self) -> None:
+        configmap = self._informer.get(self._key)
+        version = configmap.metadata.resourceVersion if configmap and configmap.metadata else ""
+        if version == self._loaded:
+            return
+        self._loaded = version or ""
+        if configmap is None:
+            self._tenancy = Tenancy()
+            log.warning("%s does not exist: no namespace is served", self.source)
+        else:
+            text = (configmap.data or {}).get(TENANCY_KEY, "")
+            try:
+                self._tenancy = parse_tenancy(text, self.source)
+            except TenancyError as error:
+                log.error("%s; the tenancy read before stays", error)
+                await self._events.emit(
+                    configmap, "InvalidTenancy", str(error), action="Validate", type_="Warning"
+                )
+                return
+            namespaces = sum(len(g.namespaces) for g in self._tenancy.tenants)
+            log.info("%s: %d namespaces served", self.source, namespaces)
+        self.on_change()
 
 
 async def job_seal_secret(kube: AsyncClient, namespace: str, name: str) -> bytes:
@@ -114,18 +177,25 @@ async def run_scheduler(config: SchedulerConfig) -> None:
     ):
 
         async def lead() -> None:
+            tenancy = TenancyWatch(kube, config.lease_namespace, config.tenancy_configmap)
             scheduler = Scheduler(
                 kube,
                 slurm,
                 view,
                 seal=seal,
+                tenancy=tenancy.current,
+                tenancy_source=tenancy.source,
                 options=options,
                 scheduler_name=config.scheduler_name,
                 namespace=config.namespace,
                 slurmd_namespace=config.slurmd_namespace,
                 metrics=metrics,
             )
-            await scheduler.run()
+            tenancy.on_change = scheduler.tenancy_changed
+            async with asyncio.TaskGroup() as group:
+                group.create_task(tenancy.run())
+                await tenancy.ready.wait()  # no pod is refused for a tenancy not yet read
+                group.create_task(scheduler.run())
 
         elector = LeaderElector(
             kube, namespace=config.lease_namespace, name=config.scheduler_name, identity=identity
