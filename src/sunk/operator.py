@@ -46,7 +46,7 @@ async def run_operator(config: OperatorConfig) -> None:
             port = SlurmPortForNodeSets(slurm, view)
             if config.install_crds:
                 async with asyncio.timeout(60):
-                    await install_crds(kube)
+                    await install_crds(kube, namespace=config.namespace or "default")
 
             async def lead() -> None:
                 controller = NodeSetController(

@@ -301,6 +301,17 @@ async def test_srun_on_three_nodes_prints_three_names(bed: ChartBed) -> None:
     assert sorted(out) == sorted(bed.compute_nodes)
 
 
+async def test_no_job_and_no_ssh_user_finds_a_kubernetes_token(bed: ChartBed) -> None:
+    """What a login-node user would try: read a ServiceAccount token on the login
+    pod, or from a job on every compute node. Neither pod mounts one."""
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    look = f"test -e {token} && echo found || echo none"
+    on_login = (await bed.ssh(look)).stdout.split()
+    in_jobs = (await bed.ssh(f"srun -N{COMPUTE_NODES} sh -c '{look}'")).stdout.split()
+    assert on_login == ["none"]
+    assert in_jobs == ["none"] * COMPUTE_NODES
+
+
 async def test_a_failing_health_check_drains_its_idle_node_until_it_passes(bed: ChartBed) -> None:
     node = bed.compute_nodes[0]
     marker = bed.state / "home" / f"unhealthy-{node}"

@@ -74,6 +74,8 @@ async def test_every_rendered_object_passes_a_server_side_dry_run(
     assert docs
     kinds = set()
     for doc in docs:
+        if "namespace" in doc["metadata"]:  # a Role in the Slurm namespace: here, for the test
+            doc["metadata"]["namespace"] = namespace
         obj = codecs.from_dict(doc)
         kinds.add(doc["kind"])
         try:
@@ -113,12 +115,50 @@ async def _can(kube: AsyncClient, account: str, home: str, **attributes: str) ->
     return bool(answer.status and answer.status.allowed)
 
 
-async def test_the_scheduler_may_read_its_seal_secret_and_no_other(
+# (component, verb, resource, where, name, allowed): what each ServiceAccount
+# may do, and what it must not. `where`: "home" (the release's namespace, also
+# the Slurm one by default), "elsewhere" (a tenant's), "" (cluster-scoped).
+CAN_I = [
+    ("operator", "create", "pods", "home", "", True),
+    ("operator", "delete", "pods", "home", "", True),
+    ("operator", "create", "pods", "elsewhere", "", False),
+    ("operator", "delete", "pods", "elsewhere", "", False),
+    ("operator", "patch", "nodesets", "home", "", True),
+    ("operator", "patch", "nodesets", "elsewhere", "", False),
+    ("operator", "get", "nodes", "", "", True),
+    ("operator", "patch", "nodes", "", "", False),
+    ("operator", "patch", "customresourcedefinitions", "", "nodesets.sunk.dev", True),
+    ("operator", "patch", "customresourcedefinitions", "", "other.example.com", False),
+    ("operator", "update", "leases", "home", "sunk-operator", True),
+    ("operator", "update", "leases", "home", "sunk-syncer", False),
+    ("operator", "get", "secrets", "home", "slurm-jwt", False),
+    ("syncer", "patch", "pods", "home", "", True),
+    ("syncer", "patch", "pods", "elsewhere", "", False),
+    ("syncer", "create", "pods", "home", "", False),
+    ("syncer", "delete", "pods", "home", "", False),
+    ("syncer", "patch", "nodes", "", "", True),
+    ("syncer", "update", "leases", "home", "sunk-syncer", True),
+    ("syncer", "update", "leases", "home", "sunk-operator", False),
+    ("scheduler", "create", "secrets", "home", "", True),
+    ("scheduler", "get", "secrets", "home", "{release}-scheduler-seal", True),
+    ("scheduler", "get", "secrets", "home", "slurm-jwt", False),
+    ("scheduler", "list", "secrets", "home", "", False),
+    ("scheduler", "delete", "secrets", "home", "{release}-scheduler-seal", False),
+    ("scheduler", "get", "configmaps", "home", "{release}-scheduler-tenancy", True),
+    ("scheduler", "get", "configmaps", "home", "other", False),
+    ("scheduler", "update", "configmaps", "home", "{release}-scheduler-tenancy", False),
+    ("scheduler", "create", "pods", "elsewhere", "", False),
+    ("scheduler", "update", "leases", "home", "sunk-scheduler", True),
+]
+
+
+async def test_each_component_may_do_what_it_needs_and_no_more(
     helm: Helm, kube: AsyncClient, namespace: str
 ) -> None:
-    """The chart's RBAC, installed on the real apiserver and asked as the
-    scheduler's ServiceAccount: it may make and read the Secret that seals its
-    jobs, and read no other Secret in the namespace."""
+    """The chart's RBAC, installed on the real apiserver and asked as each
+    component's ServiceAccount (`kubectl auth can-i --as`), what it needs and
+    what it must not: pods and NodeSets only in the Slurm namespace, Secrets and
+    ConfigMaps and Leases only by name."""
     release = f"r{secrets.token_hex(3)}"
     chart = CHARTS / "sunk-cluster"
     out = helm.run(["template", release, str(chart), "-n", namespace])
@@ -126,20 +166,25 @@ async def test_the_scheduler_may_read_its_seal_secret_and_no_other(
     made = []
     try:
         for doc in docs:
-            made.append(await kube.create(codecs.from_dict(doc), namespace=namespace))  # type: ignore[call-overload]
-        account = f"{release}-scheduler"
-        seal = f"{release}-scheduler-seal"
-        assert await _can(
-            kube, account, namespace, verb="create", resource="secrets", namespace=namespace
-        )
-        assert await _can(
-            kube, account, namespace, verb="get", resource="secrets", name=seal, namespace=namespace
-        )
-        for verb, name in (("get", "slurm-jwt"), ("list", ""), ("watch", ""), ("delete", seal)):
-            attributes = {"verb": verb, "resource": "secrets", "namespace": namespace}
+            obj = codecs.from_dict(doc)
+            made.append(await kube.create(obj, namespace=namespace))  # type: ignore[call-overload]
+        wrong = []
+        for component, verb, resource, where, name, allowed in CAN_I:
+            attributes = {"verb": verb, "resource": resource}
+            if resource == "customresourcedefinitions":
+                attributes["group"] = "apiextensions.k8s.io"
+            elif resource == "nodesets":
+                attributes["group"] = "sunk.dev"
+            elif resource == "leases":
+                attributes["group"] = "coordination.k8s.io"
+            if where:
+                attributes["namespace"] = namespace if where == "home" else "elsewhere"
             if name:
-                attributes["name"] = name
-            assert not await _can(kube, account, namespace, **attributes), (verb, name)
+                attributes["name"] = name.format(release=release)
+            account = f"{release}-{component}"
+            if await _can(kube, account, namespace, **attributes) != allowed:
+                wrong.append(f"{component} {verb} {resource} {where} {name}: not {allowed}")
+        assert not wrong, wrong
     finally:
         for obj in made:
             if obj.metadata and isinstance(obj, (ClusterRole, ClusterRoleBinding)):

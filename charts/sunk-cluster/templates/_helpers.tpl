@@ -111,9 +111,14 @@ metadata:
   name: {{ $name }}-leader
   labels: {{- include "sunk.labels" .root | nindent 4 }}
 rules:
+  # Its own Lease by name; create cannot be limited to a name.
   - apiGroups: [coordination.k8s.io]
     resources: [leases]
-    verbs: [get, list, watch, create, update]
+    resourceNames: [{{ .lease }}]
+    verbs: [get, update]
+  - apiGroups: [coordination.k8s.io]
+    resources: [leases]
+    verbs: [create]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -132,4 +137,35 @@ metadata:
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {{ $name }}}
 subjects:
   - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ .root.Release.Namespace }}}
+{{- end -}}
+
+
+{{/* Rules on the Slurm namespace's objects (NodeSets, slurmd pods): a Role
+there, or a ClusterRole when slurm.namespace is "*", bound to the component's
+ServiceAccount. Takes root, component and rules (YAML). */}}
+{{- define "sunk.slurmScoped" -}}
+{{- $name := printf "%s-%s-slurm" .root.Release.Name .component -}}
+{{- $namespace := .root.Values.slurm.namespace | default .root.Release.Namespace -}}
+{{- $cluster := eq $namespace "*" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ ternary "ClusterRole" "Role" $cluster }}
+metadata:
+  name: {{ $name }}
+  {{- if not $cluster }}
+  namespace: {{ $namespace }}
+  {{- end }}
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+rules: {{- .rules | trim | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ ternary "ClusterRoleBinding" "RoleBinding" $cluster }}
+metadata:
+  name: {{ $name }}
+  {{- if not $cluster }}
+  namespace: {{ $namespace }}
+  {{- end }}
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: {{ ternary "ClusterRole" "Role" $cluster }}, name: {{ $name }}}
+subjects:
+  - {kind: ServiceAccount, name: {{ .root.Release.Name }}-{{ .component }}, namespace: {{ .root.Release.Namespace }}}
 {{- end -}}

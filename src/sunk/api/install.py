@@ -21,13 +21,17 @@ def crds() -> list[dict[str, Any]]:
 
 
 async def install_crds(
-    client: AsyncClient, definitions: Sequence[dict[str, Any]] | None = None
+    client: AsyncClient,
+    definitions: Sequence[dict[str, Any]] | None = None,
+    *,
+    namespace: str = "default",
 ) -> None:
     """Server-side apply each CRD, then wait until its resource answers a list.
 
     Established is not enough: for a second or two after it a list can still
     answer 404, then 429 "storage is (re)initializing". Callers bound the
-    wait with `asyncio.timeout`.
+    wait with `asyncio.timeout`. The list is made in `namespace`: one the
+    caller may read (the operator's RBAC is namespaced).
     """
     definitions = list(definitions) if definitions is not None else crds()
     for definition in definitions:
@@ -40,13 +44,13 @@ async def install_crds(
         resource = create_namespaced_resource(
             spec["group"], version, spec["names"]["kind"], spec["names"]["plural"]
         )
-        await _wait_usable(client, resource)
+        await _wait_usable(client, resource, namespace)
 
 
-async def _wait_usable(client: AsyncClient, resource: Any) -> None:
+async def _wait_usable(client: AsyncClient, resource: Any, namespace: str) -> None:
     while True:
         try:
-            async for _ in client.list(resource, namespace="default", chunk_size=1):
+            async for _ in client.list(resource, namespace=namespace, chunk_size=1):
                 break
             return
         except httpx2.HTTPStatusError as error:

@@ -167,7 +167,12 @@ class Bed:
             "sunk-cluster",
             NAMESPACE,
             charts.cluster_values(
-                RELEASE, prepared.images.sunk, namespace=NAMESPACE, kill_wait=KILL_WAIT
+                RELEASE,
+                prepared.images.sunk,
+                namespace=NAMESPACE,
+                kill_wait=KILL_WAIT,
+                # Pods of the default namespace run in Slurm as the researcher.
+                tenants=[{"namespaces": ["default"], "uids": str(USER_UID), "user": USER_UID}],
             ),
             values_file=self.files / "sunk-values.yaml",
         )

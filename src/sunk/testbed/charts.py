@@ -116,9 +116,11 @@ def cluster_values(
     namespace: str = "",
     kill_wait: int = 30,
     replicas: int = 1,
+    tenants: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Values of the sunk-cluster chart beside slurm release `release`: one
-    replica of each component (a two-core machine) from the bed's sunk image."""
+    replica of each component (a two-core machine) from the bed's sunk image;
+    `tenants`, the scheduler's tenancy (none: no namespace served)."""
     values: dict[str, Any] = {
         "slurm": {
             "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
@@ -127,7 +129,7 @@ def cluster_values(
         },
         "operator": {"replicas": replicas},
         "syncer": {"replicas": replicas},
-        "scheduler": {"replicas": replicas, "killWait": kill_wait},
+        "scheduler": {"replicas": replicas, "killWait": kill_wait, "tenants": tenants or []},
         "image": {"repository": _repository(image), "tag": image.tag},
     }
     return values
