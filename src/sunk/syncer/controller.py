@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from lightkube import AsyncClient, operators
+from lightkube import ALL_NS, AsyncClient, operators
 from lightkube.models.core_v1 import NodeCondition, PodCondition, Taint
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
@@ -192,7 +192,11 @@ class Syncer:
         self._announced = False  # the pause was told (condition and Event)
         self._nodes: Informer[Node] = Informer(kube, Node)
         self._pods: Informer[Pod] = Informer(
-            kube, Pod, namespace=namespace, labels={LABEL_NODESET: operators.exists()}
+            # None is every namespace (lightkube's None would be its default one).
+            kube,
+            Pod,
+            namespace=namespace or ALL_NS,
+            labels={LABEL_NODESET: operators.exists()},
         )
         self.queue: WorkQueue[str] = WorkQueue()
         self._nodes.subscribe(lambda e: self.queue.add(e.key))
