@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,7 @@ from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import Job
 from sunk.slurm.view import SlurmView
 from sunk.testbed import slurmpods
+from sunk.testbed.slurm import SlurmCommandError
 
 pytestmark = pytest.mark.testbed
 
@@ -300,6 +302,25 @@ async def delete_and_wait(kube: AsyncClient, sb: SchedBed, *names: str) -> None:
         return all([await get_pod(kube, sb, n) is None for n in names])
 
     await wait_for(f"pods {names} to be gone", gone, timeout=30)
+
+
+async def sbatch(sb: SchedBed, *args: str, user: str | None = None) -> str:
+    """`sbatch --parsable ARGS` (as `user`), its job id. A submission slurmctld
+    was too busy to answer ("Socket timed out") may still have been taken: it
+    is looked up by its own job name before it is sent again, never twice."""
+    name = f"t-{secrets.token_hex(4)}"
+    runas = ("runuser", "-u", user, "--") if user else ()
+    for attempt in range(3):
+        try:
+            out = await sb.aslurm(*runas, "sbatch", "--parsable", f"--job-name={name}", *args)
+            return out.strip().split(";")[0]
+        except SlurmCommandError as error:
+            if "Socket timed out" not in (error.stderr or "") or attempt == 2:
+                raise
+        await asyncio.sleep(2)
+        if found := (await sb.aslurm("squeue", "-h", "-n", name, "-o", "%i")).split():
+            return found[0]
+    raise AssertionError("unreachable")
 
 
 async def no_live_jobs(sb: SchedBed) -> bool:
@@ -679,13 +700,9 @@ async def test_an_orphan_job_is_cancelled(kube: AsyncClient, sched_bed: SchedBed
     sb = sched_bed
     key = f"{sb.bed.namespace}/00000000-0000-0000-0000-000000000000"
     orphan, lookalike = [
-        (
-            await sb.aslurm(
-                "sbatch", "--parsable", "-p", "k8s", f"--comment={comment}", "--wrap", "sleep 600"
-            )
-        ).strip()
+        await sbatch(sb, "-p", "k8s", f"--comment={comment}", "--wrap", "sleep 600")
         for comment in (SEAL.comment(key, None), f"sunk:{key}")
-    ]  # fmt: skip
+    ]
     try:
         async with scheduling(kube, sb):
             await wait_for("the orphan to be cancelled", lambda: job_ended(sb, orphan), timeout=30)
@@ -702,7 +719,7 @@ async def test_a_job_id_written_on_a_pod_claims_no_one_elses_job(
     scheduler uses: the pod gets its own job, and the victim's job runs on after
     the pod is gone (it used to be bound into it, then cancelled with it)."""
     sb = sched_bed
-    victim = (await sb.aslurm("sbatch", "--parsable", "-p", "k8s", "--wrap", "sleep 600")).strip()
+    victim = await sbatch(sb, "-p", "k8s", "--wrap", "sleep 600")
     try:
         await wait_for("the victim's job to run", lambda: running(sb, victim))
         async with scheduling(kube, sb):
@@ -731,12 +748,11 @@ async def test_a_crafted_job_comment_takes_no_gang(kube: AsyncClient, sched_bed:
     key = f"{sb.bed.namespace}/gang:duo"
     made_up = f"--comment=sunk:{key}"
     copied = f"--comment={SEAL.comment(key, TENANT_UID)}"
-    submit = ("sbatch", "--parsable", "-p", "k8s", "--chdir=/tmp", "-o", "/dev/null")
-    as_another = ("runuser", "-u", "daemon", "--")
-    ended = (await sb.aslurm(*submit, made_up, "--wrap", "true")).strip()
+    submit = ("-p", "k8s", "--chdir=/tmp", "-o", "/dev/null")
+    ended = await sbatch(sb, *submit, made_up, "--wrap", "true")
     impostors = [
-        (await sb.aslurm(*submit, made_up, "--wrap", "sleep 600")).strip(),
-        (await sb.aslurm(*as_another, *submit, copied, "--wrap", "sleep 600")).strip(),
+        await sbatch(sb, *submit, made_up, "--wrap", "sleep 600"),
+        await sbatch(sb, *submit, copied, "--wrap", "sleep 600", user="daemon"),
     ]
     labels = {GANG_NAME: "duo", GANG_SIZE: "2"}
     names = ["duo-0", "duo-1"]
