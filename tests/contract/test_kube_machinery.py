@@ -47,6 +47,20 @@ def configmap(name: str, namespace: str, **data: str) -> ConfigMap:
     return ConfigMap(metadata=ObjectMeta(name=name, namespace=namespace), data=data)
 
 
+async def test_an_informer_without_a_namespace_sees_every_namespace(
+    kube: AsyncClient, namespace: str
+) -> None:
+    """As kubectl's -A (lightkube's own None is the client's default namespace:
+    the chart's slurm.namespace "*" once watched only 'default')."""
+    mark = {"sunk.dev/test": namespace}
+    await kube.create(
+        ConfigMap(metadata=ObjectMeta(name="elsewhere", namespace=namespace, labels=mark))
+    )
+    informer: Informer[ConfigMap] = Informer(kube, ConfigMap, labels=mark)
+    async with running(informer):
+        assert informer.list_keys() == [f"{namespace}/elsewhere"]
+
+
 async def test_informer_lists_then_follows_changes(kube: AsyncClient, namespace: str) -> None:
     await kube.create(configmap("before", namespace))
     informer: Informer[ConfigMap] = Informer(kube, ConfigMap, namespace=namespace)

@@ -25,9 +25,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 import httpx2
 import msgspec
-from lightkube import ApiError, AsyncClient
+from lightkube import ALL_NS, ApiError, AsyncClient
 from lightkube.core import decoders
 from lightkube.core.generic_client import WatchDriver
+from lightkube.core.resource import NamespacedResource
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,10 @@ class Informer(Generic[R]):
     ) -> None:
         self._client = client
         self._resource = resource
-        self._namespace = namespace
+        # No namespace means every namespace, as with kubectl's -A; lightkube's
+        # None would be the client's default namespace instead.
+        namespaced = issubclass(resource, NamespacedResource)
+        self._namespace = ALL_NS if namespace is None and namespaced else namespace
         self._labels = labels
         self._fields = fields
         self._page_size = page_size

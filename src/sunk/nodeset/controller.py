@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from lightkube import ALL_NS, ApiError, AsyncClient, operators
+from lightkube import ApiError, AsyncClient, operators
 from lightkube.models.core_v1 import PodTemplateSpec
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
@@ -101,12 +101,10 @@ class NodeSetController:
         self._slurm = slurm
         self._workers = workers
         # None is every namespace (lightkube's None would be its default one).
-        self._nodesets: Informer[Any] = Informer(
-            kube, api.resource(), namespace=namespace or ALL_NS
-        )
+        self._nodesets: Informer[Any] = Informer(kube, api.resource(), namespace=namespace)
         self._nodes: Informer[Node] = Informer(kube, Node)
         self._pods: Informer[Pod] = Informer(
-            kube, Pod, namespace=namespace or ALL_NS, labels={LABEL_NODESET: operators.exists()}
+            kube, Pod, namespace=namespace, labels={LABEL_NODESET: operators.exists()}
         )
         self.queue: WorkQueue[str] = WorkQueue()
         self._events = EventRecorder(kube, CONTROLLER, instance=identity)

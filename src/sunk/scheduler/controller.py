@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
-from lightkube import ALL_NS, ApiError, AsyncClient, operators
+from lightkube import ApiError, AsyncClient, operators
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
@@ -207,13 +207,13 @@ class Scheduler:
         self.ready = asyncio.Event()  # set once submits are allowed
         self._events = EventRecorder(kube, scheduler_name)
         self._pods: Informer[Pod] = Informer(
-            kube, Pod, namespace=namespace or ALL_NS, fields={"spec.schedulerName": scheduler_name}
+            kube, Pod, namespace=namespace, fields={"spec.schedulerName": scheduler_name}
         )
         # slurmd pods: a Slurm node's name is its pod's name; the pod's node is behind it.
         self._slurmd: Informer[Pod] = Informer(
             kube,
             Pod,
-            namespace=slurmd_namespace or ALL_NS,
+            namespace=slurmd_namespace,
             labels={LABEL_NODESET: operators.exists()},
         )
         self.queue: WorkQueue[str] = WorkQueue()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from lightkube import ALL_NS, AsyncClient, operators
+from lightkube import AsyncClient, operators
 from lightkube.models.core_v1 import NodeCondition, PodCondition, Taint
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
@@ -195,7 +195,7 @@ class Syncer:
             # None is every namespace (lightkube's None would be its default one).
             kube,
             Pod,
-            namespace=namespace or ALL_NS,
+            namespace=namespace,
             labels={LABEL_NODESET: operators.exists()},
         )
         self.queue: WorkQueue[str] = WorkQueue()
