@@ -79,6 +79,8 @@ class TenancyWatch:
         self._events = EventRecorder(kube, "sunk-scheduler")
         self._tenancy = Tenancy()
         self._loaded = ""  # the resourceVersion read last
+        self._changed = asyncio.Event()
+        self._informer.subscribe(lambda _: self._changed.set())
         self.ready = asyncio.Event()
         self.on_change: Callable[[], None] = lambda: None
 
@@ -88,11 +90,12 @@ class TenancyWatch:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._informer.run())
+            await self._informer.synced.wait()
             while True:
-                await self._informer.synced.wait()
+                self._changed.clear()
                 await self._load()
                 self.ready.set()
-                await asyncio.sleep(1.0)
+                await self._changed.wait()
 
     async def _load(self) -> None:
         configmap = self._informer.get(self._key)
