@@ -16,7 +16,9 @@ import pytest
 import yaml
 from lightkube import AsyncClient, codecs
 from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authorization_v1 import SubjectAccessReview
+from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from sunk.api import nodeset as nodeset_api
@@ -148,6 +150,16 @@ CAN_I = [
     ("scheduler", "get", "configmaps", "home", "other", False),
     ("scheduler", "update", "configmaps", "home", "{release}-scheduler-tenancy", False),
     ("scheduler", "create", "pods", "elsewhere", "", False),
+    ("scheduler", "list", "pods", "elsewhere", "", True),
+    ("scheduler", "patch", "pods", "tenant", "", True),
+    ("scheduler", "delete", "pods", "tenant", "", True),
+    ("scheduler", "create", "pods/binding", "tenant", "", True),
+    ("scheduler", "patch", "pods/status", "tenant", "", True),
+    ("scheduler", "patch", "pods", "elsewhere", "", False),
+    ("scheduler", "delete", "pods", "elsewhere", "", False),
+    ("scheduler", "create", "pods/binding", "elsewhere", "", False),
+    ("scheduler", "patch", "pods/status", "elsewhere", "", False),
+    ("scheduler", "delete", "pods", "home", "", False),
     ("scheduler", "update", "leases", "home", "sunk-scheduler", True),
 ]
 
@@ -157,20 +169,31 @@ async def test_each_component_may_do_what_it_needs_and_no_more(
 ) -> None:
     """The chart's RBAC, installed on the real apiserver and asked as each
     component's ServiceAccount (`kubectl auth can-i --as`), what it needs and
-    what it must not: pods and NodeSets only in the Slurm namespace, Secrets and
+    what it must not: pods and NodeSets only in the Slurm namespace, the
+    scheduler's pod writes only in its tenants' namespaces, Secrets and
     ConfigMaps and Leases only by name."""
     release = f"r{secrets.token_hex(3)}"
+    tenant = f"{namespace}-tenant"
     chart = CHARTS / "sunk-cluster"
-    out = helm.run(["template", release, str(chart), "-n", namespace])
+    grant = [
+        f"--set=scheduler.tenants[0].namespaces={{{tenant}}}",
+        "--set=scheduler.tenants[0].uids=5000-5099",
+        "--set=scheduler.tenants[0].user=5000",
+    ]
+    out = helm.run(["template", release, str(chart), "-n", namespace, *grant])
     docs = [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]
-    made = []
+    made: list[Any] = [await kube.create(Namespace(metadata=ObjectMeta(name=tenant)))]
     try:
         for doc in docs:
             obj = codecs.from_dict(doc)
-            made.append(await kube.create(obj, namespace=namespace))  # type: ignore[call-overload]
+            where = doc["metadata"].get("namespace", namespace)
+            made.append(await kube.create(obj, namespace=where))  # type: ignore[call-overload]
         wrong = []
         for component, verb, resource, where, name, allowed in CAN_I:
+            resource, _, subresource = resource.partition("/")
             attributes = {"verb": verb, "resource": resource}
+            if subresource:
+                attributes["subresource"] = subresource
             if resource == "customresourcedefinitions":
                 attributes["group"] = "apiextensions.k8s.io"
             elif resource == "nodesets":
@@ -178,7 +201,7 @@ async def test_each_component_may_do_what_it_needs_and_no_more(
             elif resource == "leases":
                 attributes["group"] = "coordination.k8s.io"
             if where:
-                attributes["namespace"] = namespace if where == "home" else "elsewhere"
+                attributes["namespace"] = {"home": namespace, "tenant": tenant}.get(where, where)
             if name:
                 attributes["name"] = name.format(release=release)
             account = f"{release}-{component}"
@@ -187,7 +210,7 @@ async def test_each_component_may_do_what_it_needs_and_no_more(
         assert not wrong, wrong
     finally:
         for obj in made:
-            if obj.metadata and isinstance(obj, (ClusterRole, ClusterRoleBinding)):
+            if obj.metadata and isinstance(obj, (ClusterRole, ClusterRoleBinding, Namespace)):
                 await kube.delete(type(obj), obj.metadata.name or "")
 
 

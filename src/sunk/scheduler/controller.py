@@ -228,6 +228,7 @@ class Scheduler:
         # Jobs this process submitted, by key: known before the view shows them.
         self._submitted: dict[str, tuple[int, float]] = {}  # key → (job id, wait until)
         self._reported: dict[str, str] = {}  # key → last problem reported as an Event
+        self._unwritable: set[str] = set()  # namespaces whose pods it may not write (logged once)
         # Jobs cancelled because their gang fell apart before binding: a gang made
         # whole again gets a new job, and the old one is no reason to evict it.
         self._dropped: set[int] = set()
@@ -596,17 +597,25 @@ class Scheduler:
 
     async def _patch_pod(self, pod: Pod, patch: dict[str, Any], *, status: bool = False) -> None:
         """Merge-patch the pod (strategic for its status: conditions merge by type);
-        a pod gone meanwhile is no error."""
+        a pod gone meanwhile is no error, nor a pod in a namespace the scheduler
+        may not write (the chart gives it pod writes in tenant namespaces only:
+        there, the Event it emitted is what the pod's owner sees)."""
         assert pod.metadata is not None
+        namespace = pod.metadata.namespace or "default"
         try:
             await self._kube.patch(
                 Pod.Status if status else Pod,
                 pod.metadata.name or "",
                 patch,
-                namespace=pod.metadata.namespace,
+                namespace=namespace,
                 patch_type=PatchType.STRATEGIC if status else PatchType.MERGE,
             )
         except ApiError as exc:
+            if exc.status.code == 403:
+                if namespace not in self._unwritable:
+                    self._unwritable.add(namespace)
+                    log.warning("may not write pods in namespace %s: %s", namespace, exc)
+                return
             if exc.status.code != 404:
                 raise
 
