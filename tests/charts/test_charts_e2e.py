@@ -360,7 +360,21 @@ async def test_the_health_check_leaves_a_persons_drain_alone(bed: ChartBed) -> N
     await bed.poll_ssh("the person's resume", f"sinfo -h -n {node} -o %t", r"^idle\n", 60)
 
 
+async def _key_secrets(bed: ChartBed) -> dict[str, dict[str, str]]:
+    """The Secrets the keys hook made, by name: their data."""
+    labels = {"sunk.dev/keys-of": RELEASE}
+    return {
+        s.metadata.name: dict(s.data or {})
+        async for s in bed.kube.list(Secret, namespace=bed.namespace, labels=labels)
+        if s.metadata and s.metadata.name
+    }
+
+
 async def test_a_config_change_reaches_slurm_without_restarting_any_pod(bed: ChartBed) -> None:
+    """An upgrade, as any config change is. The keys the install made survive it
+    (the keys hook runs again and keeps them)."""
+    keys = await _key_secrets(bed)
+    assert sorted(keys) == [f"{RELEASE}-{n}" for n in ("db", "jwt", "munge", "ssh-host-keys")]
     before = await bed.restarts()
     values = dict(bed.values)
     values["slurmConfig"] = {**values["slurmConfig"], "MaxJobCount": 12345}
@@ -376,6 +390,7 @@ async def test_a_config_change_reaches_slurm_without_restarting_any_pod(bed: Cha
     out = (await bed.ssh(f"srun -N{COMPUTE_NODES} hostname")).stdout.split()
     assert len(out) == COMPUTE_NODES
     assert await bed.restarts() == before
+    assert await _key_secrets(bed) == keys
 
 
 async def test_a_config_slurm_rejects_is_refused_before_it_reaches_the_cluster(

@@ -85,7 +85,37 @@ async def test_every_rendered_object_passes_a_server_side_dry_run(
         except Exception as error:
             raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {error}") from error
     if values.parent.parent.name == "slurm":
-        assert {"StatefulSet", "NodeSet", "Job", "ConfigMap", "Secret"} <= kinds
+        # No key Secret: the keys hook (a Job) makes them in the cluster.
+        assert {"StatefulSet", "NodeSet", "Job", "ConfigMap"} <= kinds
+
+
+def test_a_render_is_the_same_every_time_and_holds_no_key(helm: Helm) -> None:
+    """What GitOps needs: `helm template` twice gives the same objects, and no
+    key is in them (the keys hook makes them in the cluster); a key given as
+    an existing Secret is neither made nor deleted by the hooks."""
+    chart = str(CHARTS / "slurm")
+    first, second = (helm.run(["template", "rel", chart, "-n", "hpc"]) for _ in range(2))
+    assert first == second
+    docs = [d for d in yaml.safe_load_all(first) if d]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"] == ["rel-authorized-keys"]
+    assert "lookup" not in "".join(p.read_text() for p in (CHARTS / "slurm").rglob("*.tpl"))
+
+    def hook_env(docs: list[dict[str, Any]], job: str) -> dict[str, str]:
+        [spec] = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == job]
+        [container] = spec["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in container["env"]}
+
+    made = hook_env(docs, "rel-keys")["KEYS"].splitlines()
+    assert made == ["rel-munge munge", "rel-jwt jwt", "rel-db db", "rel-ssh-host-keys ssh-host"]
+    assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == [m.split()[0] for m in made]
+    given = [
+        "--set=munge.existingSecret=my-munge",
+        "--set=login.existingHostKeysSecret=my-host-keys",
+    ]
+    docs = [d for d in yaml.safe_load_all(helm.run(["template", "rel", chart, *given])) if d]
+    made = hook_env(docs, "rel-keys")["KEYS"].splitlines()
+    assert made == ["rel-jwt jwt", "rel-db db"]
+    assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == ["rel-jwt", "rel-db"]
 
 
 def test_busy_slurmd_pods_have_a_disruption_budget_that_can_be_turned_off(helm: Helm) -> None:

@@ -11,6 +11,7 @@
 {{- define "slurm.mungeSecret" -}}{{ .Values.munge.existingSecret | default (printf "%s-munge" (include "slurm.fullname" .)) }}{{- end -}}
 {{- define "slurm.jwtSecret" -}}{{ .Values.jwt.existingSecret | default (printf "%s-jwt" (include "slurm.fullname" .)) }}{{- end -}}
 {{- define "slurm.dbSecret" -}}{{ .Values.accounting.database.existingSecret | default (printf "%s-db" (include "slurm.fullname" .)) }}{{- end -}}
+{{- define "slurm.hostKeysSecret" -}}{{ .Values.login.existingHostKeysSecret | default (printf "%s-ssh-host-keys" (include "slurm.fullname" .)) }}{{- end -}}
 {{- define "slurm.dbHost" -}}{{ .Values.accounting.database.external.host | default (include "slurm.mariadb" .) }}{{- end -}}
 
 {{- define "slurm.labels" -}}
@@ -140,14 +141,20 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 - {name: etc-identity, mountPath: /etc/group, subPath: group, readOnly: true}
 {{- end -}}
 
-{{/* A Secret value: the one given, else the one already in the cluster, else new. */}}
-{{- define "slurm.keepOrGenerate" -}}
-{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name -}}
-{{- if and $existing (hasKey ($existing.data | default dict) .key) -}}
-{{- index $existing.data .key -}}
-{{- else -}}
-{{- .generate | b64enc -}}
-{{- end -}}
+{{/* The key Secrets the keys hook makes (those not given): "name kind" lines. */}}
+{{- define "slurm.generatedKeys" -}}
+{{- if not .Values.munge.existingSecret }}
+{{ include "slurm.mungeSecret" . }} munge
+{{- end }}
+{{- if not .Values.jwt.existingSecret }}
+{{ include "slurm.jwtSecret" . }} jwt
+{{- end }}
+{{- if and .Values.accounting.enabled (not .Values.accounting.database.existingSecret) }}
+{{ include "slurm.dbSecret" . }} db
+{{- end }}
+{{- if and .Values.login.enabled (not .Values.login.existingHostKeysSecret) }}
+{{ include "slurm.hostKeysSecret" . }} ssh-host
+{{- end }}
 {{- end -}}
 
 {{/* Whether the compute pods mount the job-scripts ConfigMap (prolog, epilog, health checks). */}}
@@ -158,8 +165,9 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{/* The login pods' sshd_config (its checksum rolls them on a change). */}}
 {{- define "slurm.sshdConfig" -}}
 Port 22
-HostKey /etc/ssh/host-keys/ssh_host_rsa_key
+HostKey /etc/ssh/host-keys/ssh_host_ed25519_key
 HostKey /etc/ssh/host-keys/ssh_host_ecdsa_key
+HostKey /etc/ssh/host-keys/ssh_host_rsa_key
 # Keys only, from the authorized-keys Secret (one file per user). Read
 # through a command: a kubelet mounts Secrets on a world-writable (1777)
 # directory, which sshd's StrictModes refuses for AuthorizedKeysFile; a
