@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError
+from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
@@ -134,32 +134,38 @@ def test_a_researcher_sees_idle_nodes_and_runs_a_batch_job(cluster: Path) -> Non
         time.sleep(1)
 
 
+async def place_through_slurm(kube: AsyncClient, info: dict[str, Any], name: str) -> None:
+    """A one-CPU pod in `default` (the namespace `sunk local up` grants) for
+    sunk-scheduler, waited for until it is bound."""
+    pod = Pod(
+        metadata=ObjectMeta(name=name, namespace="default"),
+        spec=PodSpec(
+            schedulerName="sunk-scheduler",
+            terminationGracePeriodSeconds=5,
+            containers=[
+                Container(
+                    name="main",
+                    image=info["images"]["sunk/slurm"],
+                    command=["sleep", "3600"],
+                    resources=ResourceRequirements(requests={"cpu": "1"}),
+                )
+            ],
+        ),
+    )
+    await kube.create(pod)
+
+    async def bound() -> bool:
+        current = await kube.get(Pod, name, namespace="default")
+        return bool(current.spec and current.spec.nodeName)
+
+    await wait_for(f"pod {name} bound through Slurm", bound, timeout=60)
+
+
 async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: Path) -> None:
     info = summary(cluster)
     kube = async_client(Path(info["kubernetes"]["kubeconfig"]), field_manager="test")
     try:
-        pod = Pod(
-            metadata=ObjectMeta(name="inference", namespace="default"),
-            spec=PodSpec(
-                schedulerName="sunk-scheduler",
-                terminationGracePeriodSeconds=5,
-                containers=[
-                    Container(
-                        name="main",
-                        image=info["images"]["sunk/slurm"],
-                        command=["sleep", "3600"],
-                        resources=ResourceRequirements(requests={"cpu": "1"}),
-                    )
-                ],
-            ),
-        )
-        await kube.create(pod)
-
-        async def bound() -> bool:
-            current = await kube.get(Pod, "inference", namespace="default")
-            return bool(current.spec and current.spec.nodeName)
-
-        await wait_for("the pod to be bound through Slurm", bound, timeout=60)
+        await place_through_slurm(kube, info, "inference")
         current = await kube.get(Pod, "inference", namespace="default")
         assert current.metadata is not None
         assert current.metadata.annotations
@@ -210,13 +216,18 @@ async def test_an_eviction_waits_for_the_nodes_slurm_job(cluster: Path) -> None:
             pod = await kube.get(Pod, name, namespace=namespace)
             return bool(pod.metadata and (pod.metadata.labels or {}).get(LABEL_SLURM_BUSY) == value)
 
+        async def running() -> bool:
+            out = await asyncio.to_thread(ssh, cluster, f"squeue -h -j {job} -o %T")
+            return out.strip() == "RUNNING"
+
+        # The node may still be completing the previous test's job: ours starts after.
+        await wait_for("the job to run", running, timeout=60)
         await wait_for("the slurmd pod labelled busy", lambda: labelled("true"), timeout=60)
         eviction = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
         with pytest.raises(ApiError) as refused:
             await kube.create(eviction, name=name, namespace=namespace)
         assert refused.value.status.code == 429, refused.value.status
-        state = await asyncio.to_thread(ssh, cluster, f"squeue -h -j {job} -o %T")
-        assert state.strip() == "RUNNING", state
+        assert await running()  # the refusal was for this job
 
         await wait_for("the job to end and the label to follow", lambda: labelled("false"), 90)
         await kube.create(eviction, name=name, namespace=namespace)

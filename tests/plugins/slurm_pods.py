@@ -16,7 +16,6 @@ import contextlib
 import secrets
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from lightkube.types import PatchType
 
 from plugins.nodes import RealNodes
 from sunk.testbed import slurmpods
+from sunk.testbed.charts import wait_until
 from sunk.testbed.procs import Supervisor
 from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
 
@@ -60,11 +60,11 @@ class SlurmBed:
 
 
 async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.1)
+    """`charts.wait_until` at a test's pace, failing as an assertion."""
+    try:
+        await wait_until(what, check, timeout, interval=0.1)
+    except TimeoutError as late:
+        raise AssertionError(str(late)) from None
 
 
 async def create(kube: AsyncClient, body: Mapping[str, Any]) -> Any:

@@ -361,9 +361,12 @@ def coredns_corefile() -> str:
 """
 
 
+COREDNS_LABELS = {"k8s-app": "kube-dns"}
+
+
 def coredns_manifests(image: str) -> list[dict[str, Any]]:
     """Cluster DNS as a real cluster runs it: a Deployment and the kube-dns Service."""
-    labels = {"k8s-app": "kube-dns"}
+    labels = COREDNS_LABELS
     meta = {"namespace": "kube-system"}
     return [
         {

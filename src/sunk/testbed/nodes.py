@@ -410,9 +410,12 @@ class NodeBed:
                 lambda: nodes_ready(kube, names, self.restarted),
                 within,
             )
-            await wait_until("cluster DNS (CoreDNS) ready", dns_ready, within)
         except TimeoutError as timed_out:
             raise StartError(f"{timed_out}\n{self._log_tails()}") from None
+        try:
+            await wait_until("cluster DNS (CoreDNS) ready", dns_ready, within)
+        except TimeoutError as timed_out:
+            raise StartError(f"{timed_out}\n{await self._dns_report(kube, names)}") from None
 
     def reap_pulls(self, within: float = 0) -> None:
         """Wait up to `within` seconds for the pulls `start` began, then stop the
@@ -431,6 +434,25 @@ class NodeBed:
         names = [n for n in self.supervisor.names() if n.startswith(("kubelet-", "containerd-"))]
         return "\n".join(f"--- {n}\n{tail(self.supervisor.log_dir / f'{n}.log', 8)}" for n in names)
 
+    async def _dns_report(self, kube: Any, names: Sequence[str]) -> str:
+        """For CoreDNS not ready: its pods' state, their container logs (read
+        from the nodes' log directories) and the end of kube-proxy's log."""
+        from lightkube.resources.core_v1 import Pod
+
+        lines = []
+        try:
+            dns_pods = kube.list(Pod, namespace="kube-system", labels=nodeconf.COREDNS_LABELS)
+            async for pod in dns_pods:
+                lines.append(f"--- pod {describe_pod(pod)}")
+        except Exception as error:  # a report must not fail
+            lines.append(f"(no pods: {error})")
+        for name in names:
+            logs = self.group.paths(name).pod_logs
+            for path in sorted(logs.glob("kube-system_coredns-*/coredns/*.log")):
+                lines.append(f"--- {name}: {path.relative_to(logs)}\n{tail(path, 15)}")
+        lines.append(f"--- kube-proxy\n{tail(self.supervisor.log_dir / 'kube-proxy.log', 15)}")
+        return "\n".join(lines)
+
     def stop(self, bin_dir: Path | None) -> None:
         """Every node powered off, then the room and the registry; nothing left behind."""
         self.reap_pulls()
@@ -445,6 +467,26 @@ class NodeBed:
             for directory in _cgroup_dirs(nodeconf.cgroup_root(self.room.tag, name)):
                 left.append(f"cgroup {directory}")
         return left
+
+
+def describe_pod(pod: Any) -> str:
+    """One line per pod: name, node, phase, unmet conditions and each
+    container's state (for reports of what did not come up)."""
+    status = pod.status
+    parts = [f"{pod.metadata.name} on {pod.spec.nodeName or '(unscheduled)'}: {status.phase}"]
+    for c in status.conditions or []:
+        if c.status != "True":
+            parts.append(f"{c.type}=False({c.reason or ''}: {c.message or ''})")
+    for cs in status.containerStatuses or []:
+        state = cs.state
+        if state and state.waiting:
+            now = f"waiting {state.waiting.reason}: {state.waiting.message or ''}"
+        elif state and state.terminated:
+            now = f"terminated {state.terminated.reason} exit {state.terminated.exitCode}"
+        else:
+            now = "running"
+        parts.append(f"{cs.name} {now}, ready={cs.ready}, restarts={cs.restartCount}")
+    return "; ".join(parts)
 
 
 async def nodes_ready(
