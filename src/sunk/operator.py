@@ -12,6 +12,7 @@ from pathlib import Path
 from sunk.api.install import install_crds
 from sunk.kube.client import kube_client
 from sunk.kube.leader import LeaderElector
+from sunk.kube.retry import until_answered
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
@@ -45,8 +46,10 @@ async def run_operator(config: OperatorConfig) -> None:
         async with view:
             port = SlurmPortForNodeSets(slurm, view)
             if config.install_crds:
-                async with asyncio.timeout(60):
-                    await install_crds(kube, namespace=config.namespace or "default")
+                await until_answered(
+                    "installing the CRDs",
+                    lambda: install_crds(kube, namespace=config.namespace or "default"),
+                )
 
             async def lead() -> None:
                 controller = NodeSetController(

@@ -13,6 +13,7 @@ cluster back with its Slurm state.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Pod
 
 from plugins.slurm_pods import wait_for
@@ -330,6 +332,138 @@ def test_sunks_components_mint_tokens_as_the_charts_user(cluster: Path) -> None:
         assert who.stdout.strip() == "65532", who.stdout + who.stderr
     logs = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-syncer")
     assert "Slurm view fresh" in logs.stdout, logs.stdout[-2000:]
+
+
+COMPONENTS = ("operator", "syncer", "scheduler")
+OUTAGE = 60.0
+
+
+async def _component_pods(kube: AsyncClient) -> dict[str, tuple[str, int]]:
+    """sunk's component pods: name -> (uid, restarts)."""
+    out = {}
+    async for pod in kube.list(Pod, namespace="slurm"):
+        assert pod.metadata is not None
+        name = pod.metadata.name or ""
+        if any(name.startswith(f"sunk-{c}-") for c in COMPONENTS) and pod.status:
+            restarts = sum(c.restartCount for c in pod.status.containerStatuses or [])
+            out[name] = (pod.metadata.uid or "", restarts)
+    return out
+
+
+async def _leaders(kube: AsyncClient, pods: dict[str, tuple[str, int]]) -> dict[str, str] | None:
+    """Each component's Lease holder (a pod of its own), renewed in the last
+    15 s; None while one is missing or stale."""
+    now = datetime.datetime.now(datetime.UTC)
+    leaders = {}
+    for component in COMPONENTS:
+        lease = await kube.get(Lease, f"sunk-{component}", namespace="slurm")
+        spec = lease.spec
+        renewed = spec.renewTime if spec else None
+        if renewed is None or now - renewed > datetime.timedelta(seconds=15):
+            return None
+        pod = ((spec.holderIdentity if spec else None) or "").rsplit("-", 1)[0]
+        if not (pod.startswith(f"sunk-{component}-") and pod in pods):
+            return None
+        leaders[component] = pod
+    return leaders
+
+
+@pytest.mark.timeout(600)  # scaling, the outage, the nodes' return, the checks
+async def test_an_apiserver_outage_leaves_one_leader_each_and_fresh_caches(
+    cluster: Path,
+) -> None:
+    """Two replicas of each component, then the apiserver stopped for 60 s (its
+    etcd and every pod keep running). Afterwards: one leader each, no component
+    restarted, and each follows the cluster again — a cordon drains the Slurm
+    node (syncer), a new pod is placed through Slurm (scheduler)."""
+    info = summary(cluster)
+    kube = async_client(Path(info["kubernetes"]["kubeconfig"]), field_manager="test")
+    try:
+        for component in COMPONENTS:
+            scaled = kubectl(
+                cluster, "-n", "slurm", "scale", f"deploy/sunk-{component}", "--replicas=2"
+            )
+            assert scaled.returncode == 0, scaled.stderr
+        for component in COMPONENTS:
+            rolled = kubectl(
+                cluster,
+                "-n",
+                "slurm",
+                "rollout",
+                "status",
+                f"deploy/sunk-{component}",
+                "--timeout=50s",
+            )
+            assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        pods = await _component_pods(kube)
+        assert len(pods) == 2 * len(COMPONENTS), pods
+        await wait_for("a leader each", lambda: _leaders(kube, pods), timeout=60)
+
+        bed = Bed(cluster)
+        bed.supervisor.stop("kube-apiserver")
+        await asyncio.sleep(OUTAGE)
+        started = time.monotonic()
+        await asyncio.to_thread(bed.kube().start)
+        print(f"apiserver back after {OUTAGE:.0f}s; ready in {time.monotonic() - started:.1f}s")
+
+        async def settled() -> dict[str, str] | None:
+            return await _leaders(kube, await _component_pods(kube))
+
+        await wait_for("one fresh leader each after the outage", settled, timeout=60)
+        print(f"leaders again {time.monotonic() - started:.1f}s after the apiserver")
+        assert await _component_pods(kube) == pods  # same pods, no restart: no crash loop
+
+        # What any cluster does after such an outage: the node controller finds
+        # every heartbeat 60 s old, marks the nodes NotReady (and their pods not
+        # ready) until the kubelets report again; the syncer drains the Slurm
+        # nodes meanwhile, and resumes them after. Wait for that to pass.
+        async def all_back() -> bool:
+            nodes = kubectl(cluster, "get", "nodes", "--no-headers")
+            rows = [line.split() for line in nodes.stdout.splitlines()]
+            ready = len(rows) == 3 and all(row[1] == "Ready" for row in rows)
+            slurm = await asyncio.to_thread(ssh, cluster, "sinfo -h -N -o '%t %E'")
+            return ready and slurm.split() == ["idle", "none"] * 3
+
+        try:
+            await wait_for("every node Ready and idle again", all_back, timeout=240)
+        except AssertionError as late:
+            reasons = ssh(cluster, "sinfo -h -N -o '%N %t %E'")
+            nodes = kubectl(cluster, "get", "nodes").stdout
+            raise AssertionError(f"{late}\n{reasons}\n{nodes}") from None
+        print(f"nodes Ready and idle {time.monotonic() - started:.1f}s after the apiserver")
+
+        # The syncer's caches follow: a cordon drains the Slurm node, the uncordon resumes it.
+        def slurm_state(node: str) -> str:
+            return ssh(cluster, f"sinfo -h -n {node} -o %t").strip()
+
+        assert kubectl(cluster, "cordon", "local-2").returncode == 0
+        await wait_for(
+            "the cordon mirrored as a drain",
+            lambda: asyncio.to_thread(lambda: slurm_state("compute-local-2") in ("drain", "drng")),
+            timeout=60,
+        )
+        assert kubectl(cluster, "uncordon", "local-2").returncode == 0
+        try:
+            await wait_for(
+                "the uncordon mirrored",
+                lambda: asyncio.to_thread(lambda: slurm_state("compute-local-2") == "idle"),
+                timeout=60,
+            )
+        except AssertionError as late:
+            reasons = ssh(cluster, "sinfo -h -N -o '%N %t %E'")
+            node = kubectl(cluster, "get", "node", "local-2", "-o", "jsonpath={.metadata}")
+            syncer = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-syncer", "--tail=30")
+            raise AssertionError(f"{late}\n{reasons}\n{node.stdout}\n{syncer.stdout}") from None
+        print(f"syncer follows {time.monotonic() - started:.1f}s after the apiserver")
+
+        # The scheduler's: a new pod is placed through Slurm.
+        await place_through_slurm(kube, info, "after-outage")
+        print(f"scheduler places {time.monotonic() - started:.1f}s after the apiserver")
+        await kube.delete(Pod, "after-outage", namespace="default")
+    finally:
+        for component in COMPONENTS:
+            kubectl(cluster, "-n", "slurm", "scale", f"deploy/sunk-{component}", "--replicas=1")
+        await kube.close()
 
 
 def test_down_then_up_brings_the_same_cluster_back(cluster: Path) -> None:

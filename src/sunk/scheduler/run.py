@@ -20,6 +20,7 @@ from sunk.kube.client import kube_client
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Informer
 from sunk.kube.leader import LeaderElector
+from sunk.kube.retry import until_answered
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import SCHEDULER_NAME, Options
@@ -164,7 +165,10 @@ async def run_scheduler(config: SchedulerConfig) -> None:
         kill_wait=config.kill_wait,
         grace_margin=config.grace_margin,
     )
-    secret = await job_seal_secret(kube, config.lease_namespace, config.seal_secret_name)
+    secret = await until_answered(
+        "reading the job seal's Secret",
+        lambda: job_seal_secret(kube, config.lease_namespace, config.seal_secret_name),
+    )
     seal = JobSeal(secret, config.slurm_user)
     async with (
         SlurmClient(config.slurmrestd_url, credentials) as slurm,
