@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import httpx2
 import pytest
+from lightkube import ApiError
 
 from sunk.kube.workqueue import Result, ShutDown, WorkQueue, run_workers
 
@@ -87,3 +90,40 @@ async def test_workers_retry_failures_and_honour_requeue_after() -> None:
     assert seen.count("bad") == 3  # one bad key did not stop the others
     assert seen.count("good") == 1
     assert seen.count("again") == 2
+
+
+async def test_routine_failures_are_retried_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 409 from a resourceVersion guard is ordinary work: said in one line and
+    retried; an unexpected error keeps its traceback."""
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.001)
+    conflict = ApiError(
+        response=httpx2.Response(
+            409,
+            json={"kind": "Status", "code": 409, "message": "the object has been modified"},
+            request=httpx2.Request("PATCH", "https://apiserver/api/v1/nodes/n1"),
+        )
+    )
+    failures: dict[str, list[Exception]] = {"n1": [conflict], "n2": [RuntimeError("bug")]}
+    done: list[str] = []
+
+    async def reconcile(key: str) -> None:
+        if failures[key]:
+            raise failures[key].pop()
+        done.append(key)
+        if len(done) == 2:
+            queue.shut_down()
+
+    queue.add("n1")
+    queue.add("n2")
+    with caplog.at_level(logging.INFO, logger="sunk.kube.workqueue"):
+        await asyncio.wait_for(run_workers(queue, reconcile, workers=1), 5)
+    assert sorted(done) == ["n1", "n2"]
+    [routine] = [r for r in caplog.records if "n1" in r.getMessage()]
+    assert routine.levelno == logging.INFO
+    assert routine.exc_info is None
+    assert "changed meanwhile" in routine.getMessage()
+    [unexpected] = [r for r in caplog.records if "n2" in r.getMessage()]
+    assert unexpected.levelno == logging.ERROR
+    assert unexpected.exc_info is not None

@@ -17,6 +17,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from lightkube import ApiError
+
+from sunk.kube.retry import transient
+
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
@@ -117,6 +121,20 @@ class Result:
 Reconcile = Callable[[K], Awaitable[Result | None]]
 
 
+def routine_failure(error: Exception) -> str | None:
+    """What a failure that any controller meets in ordinary work was (so its
+    retry is no news), or None for one worth a traceback: a write refused
+    because the object changed since it was read (409), an object deleted
+    meanwhile (404), an apiserver away or overloaded for a moment."""
+    if isinstance(error, ApiError) and error.status.code == 409:
+        return "the object changed meanwhile"
+    if isinstance(error, ApiError) and error.status.code == 404:
+        return "the object is gone"
+    if transient(error):
+        return f"apiserver unavailable ({error or type(error).__name__})"
+    return None
+
+
 async def run_workers(queue: WorkQueue[K], reconcile: Reconcile[K], workers: int = 4) -> None:
     """Process keys until the queue shuts down; a failing key backs off, the others go on."""
 
@@ -131,8 +149,13 @@ async def run_workers(queue: WorkQueue[K], reconcile: Reconcile[K], workers: int
             except asyncio.CancelledError:
                 queue.done(key)
                 raise
-            except Exception:
-                log.exception("reconcile %s failed (attempt %d)", key, queue.failures(key) + 1)
+            except Exception as error:
+                attempt = queue.failures(key) + 1
+                routine = routine_failure(error)
+                if routine is None:
+                    log.exception("reconcile %s failed (attempt %d)", key, attempt)
+                else:  # retried as any failure, without a traceback
+                    log.info("reconcile %s: %s (attempt %d); again", key, routine, attempt)
                 queue.add_rate_limited(key)
             else:
                 queue.forget(key)
