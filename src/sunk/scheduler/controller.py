@@ -84,9 +84,9 @@ ACTIVE = ("PENDING", "RUNNING", "SUSPENDED")
 # Every key is looked at again this often: what events missed (orphans on
 # either side) is found within it.
 SWEEP_INTERVAL = 10.0
-# Job ids Slurm has forgotten, remembered so as not to ask again: about a day of
-# ended pods on a busy cluster, a few hundred kilobytes.
-FORGOTTEN_KEPT = 100_000
+# Job ids remembered (forgotten by Slurm, dropped by the scheduler): about a day
+# of ended pods on a busy cluster, a few hundred kilobytes each.
+IDS_KEPT = 100_000
 # While the Slurm view is stale, a key is looked at again this late.
 STALE_RETRY = 1.0
 # After an invalid request, try again this late (Slurm's configuration may change).
@@ -172,6 +172,26 @@ def _time_to_stop(job: Job, pods: Sequence[Pod], now: float) -> float | None:
     return max(0.0, job.end_time - grace - now)
 
 
+class RecentIds:
+    """A set of job ids that keeps the newest `size` (a scheduler runs for
+    months: what it remembers must not grow with every job it has seen)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._ids: dict[int, None] = {}  # insertion order: oldest first
+
+    def add(self, job_id: int) -> None:
+        self._ids[job_id] = None
+        if len(self._ids) > self._size:
+            del self._ids[next(iter(self._ids))]
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -231,8 +251,8 @@ class Scheduler:
         self._unwritable: set[str] = set()  # namespaces whose pods it may not write (logged once)
         # Jobs cancelled because their gang fell apart before binding: a gang made
         # whole again gets a new job, and the old one is no reason to evict it.
-        self._dropped: set[int] = set()
-        self._forgotten: dict[int, None] = {}  # job ids Slurm no longer knows, oldest first
+        self._dropped = RecentIds(IDS_KEPT)
+        self._forgotten = RecentIds(IDS_KEPT)  # job ids Slurm no longer knows
         # Keys whose submit failed in a way that may still have been taken, until when.
         self._uncertain: dict[str, float] = {}
         self._pods.subscribe(self._on_pod)
@@ -368,7 +388,7 @@ class Scheduler:
         for pod in pods:
             if (written := _annotations(pod).get(ANNOTATION_JOB_ID, "")).isdigit():
                 ids.add(int(written))
-        ids -= self._dropped
+        ids = {i for i in ids if i not in self._dropped}
         known = [(i, jobs.get(i)) for i in sorted(ids)]
         known = [(i, job) for i, job in known if job is None or self._seal.key_of(job) == key]
         for job_id, job in known:
@@ -395,9 +415,7 @@ class Scheduler:
     def _forget(self, job_id: int) -> None:
         """Slurm answered that it no longer knows the job: it never will again, so
         the sweep asks once, not every cycle for as long as its pod stays."""
-        self._forgotten[job_id] = None
-        if len(self._forgotten) > FORGOTTEN_KEPT:
-            del self._forgotten[next(iter(self._forgotten))]
+        self._forgotten.add(job_id)
 
     async def reconcile(self, key: str) -> Result | None:
         lock = self._locks.setdefault(key, asyncio.Lock())
