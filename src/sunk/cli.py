@@ -108,7 +108,7 @@ def operator(
 ) -> None:
     """Run the NodeSet controller (leader-elected)."""
 
-    from sunk.operator import OperatorConfig, run_operator
+    from sunk.nodeset.run import OperatorConfig, run_operator
 
     _component_logging(verbose)
     config = OperatorConfig(
