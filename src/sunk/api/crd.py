@@ -59,9 +59,12 @@ def nodeset_schema(template: Schema | None = None) -> Schema:
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {"type": "string", "description": "sunk.dev/v1alpha1."},
+            "kind": {"type": "string", "description": "NodeSet."},
+            "metadata": {
+                "type": "object",
+                "description": "The object's name, labels and the like.",
+            },
             "spec": spec,
             "status": status,
         },

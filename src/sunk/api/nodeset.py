@@ -41,6 +41,8 @@ class _Camel(_Model):
 
 
 class RollingUpdate(_Camel):
+    """How a RollingUpdate proceeds."""
+
     max_unavailable: Annotated[
         int | str,
         Field(
@@ -62,6 +64,9 @@ class RollingUpdate(_Camel):
 
 
 class UpdateStrategy(_Camel):
+    """How pods whose template is out of date are replaced: always drained in
+    Slurm first and replaced only once no job runs on their node."""
+
     type: Annotated[
         Literal["RollingUpdate", "OnDelete"],
         Field(
@@ -95,6 +100,9 @@ class NodeResources(_Camel):
 
 
 class SlurmNodeSpec(_Camel):
+    """What each pod's Slurm node is: its name, features, partitions and
+    resources, as slurmd registers it (dynamic node)."""
+
     features: Annotated[
         list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]],
         Field(description="Static Slurm features of every node of this set."),
@@ -177,6 +185,9 @@ _TEMPLATE_RULES = [
 
 
 class NodeSetSpec(_Camel):
+    """One slurmd pod on every Kubernetes node the template's placement
+    matches, each a Slurm node, as a DaemonSet would run it."""
+
     template: Annotated[
         dict[str, Any],
         Field(
@@ -192,44 +203,63 @@ class NodeSetSpec(_Camel):
 
 
 class Condition(_Camel):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
+    """A condition of the set, as Kubernetes objects report them."""
+
+    type: Annotated[str, Field(description="Available, Progressing or SlurmSynced.")]
+    status: Annotated[
+        Literal["True", "False", "Unknown"], Field(description="True, False or Unknown.")
+    ]
+    reason: Annotated[str, Field(description="Why, in one CamelCase word.")]
+    message: Annotated[str, Field(description="Why, for people.")] = ""
+    last_transition_time: Annotated[str, Field(description="When status last changed.")]
+    observed_generation: Annotated[
+        int | None, Field(description="The spec generation the condition was written for.")
+    ] = None
 
 
 class SlurmCounts(_Camel):
     """Slurm's view of the set's nodes: base state, with drain counted apart."""
 
-    idle: int = 0
-    allocated: int = 0
-    mixed: int = 0
-    down: int = 0
-    drain: int = 0
-    not_responding: int = 0
+    idle: Annotated[int, Field(description="Nodes IDLE in Slurm.")] = 0
+    allocated: Annotated[int, Field(description="Nodes ALLOCATED in Slurm (fully used).")] = 0
+    mixed: Annotated[int, Field(description="Nodes MIXED in Slurm (partly used).")] = 0
+    down: Annotated[int, Field(description="Nodes DOWN in Slurm.")] = 0
+    drain: Annotated[
+        int, Field(description="Nodes draining or drained, whatever their base state.")
+    ] = 0
+    not_responding: Annotated[int, Field(description="Nodes slurmctld cannot reach.")] = 0
 
 
 class NodeSetStatus(_Camel):
-    observed_generation: int | None = None
-    desired: int = 0
-    feasible: int = 0
-    scheduled: int = 0
-    ready: int = 0
-    updated: int = 0
-    drained: int = 0
-    misscheduled: int = 0
-    unavailable: int = 0
-    template_hash: str = ""
+    """The set as both sides see it: its pods on Kubernetes, its nodes in Slurm."""
+
+    observed_generation: Annotated[
+        int | None, Field(description="The spec generation this status was written for.")
+    ] = None
+    desired: Annotated[
+        int, Field(description="Nodes that match the placement and can run the pod.")
+    ] = 0
+    feasible: Annotated[
+        int, Field(description="Nodes that match the placement, whether or not the pod fits.")
+    ] = 0
+    scheduled: Annotated[int, Field(description="Pods placed on a node.")] = 0
+    ready: Annotated[int, Field(description="Pods ready (slurmd registered).")] = 0
+    updated: Annotated[int, Field(description="Pods of the current template.")] = 0
+    drained: Annotated[int, Field(description="Slurm nodes drained for an update or removal.")] = 0
+    misscheduled: Annotated[
+        int, Field(description="Pods on nodes that no longer match the placement.")
+    ] = 0
+    unavailable: Annotated[int, Field(description="Desired pods not ready.")] = 0
+    template_hash: Annotated[str, Field(description="Hash of the current pod template.")] = ""
     slurm: SlurmCounts = SlurmCounts()
     conditions: Annotated[
         list[Condition],
         Field(
+            description="Available, Progressing and SlurmSynced.",
             json_schema_extra={
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
-            }
+            },
         ),
     ] = []
 
