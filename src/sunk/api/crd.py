@@ -61,10 +61,8 @@ def nodeset_schema(template: Schema | None = None) -> Schema:
         "properties": {
             "apiVersion": {"type": "string", "description": "sunk.dev/v1alpha1."},
             "kind": {"type": "string", "description": "NodeSet."},
-            "metadata": {
-                "type": "object",
-                "description": "The object's name, labels and the like.",
-            },
+            # The apiserver refuses anything but name and generateName here.
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },
