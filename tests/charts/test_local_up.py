@@ -421,15 +421,19 @@ async def test_an_apiserver_outage_leaves_one_leader_each_and_fresh_caches(
             nodes = kubectl(cluster, "get", "nodes", "--no-headers")
             rows = [line.split() for line in nodes.stdout.splitlines()]
             ready = len(rows) == 3 and all(row[1] == "Ready" for row in rows)
-            slurm = await asyncio.to_thread(ssh, cluster, "sinfo -h -N -o '%t %E'")
-            return ready and slurm.split() == ["idle", "none"] * 3
+            # The login pod too is marked not ready meanwhile: ssh is refused.
+            slurm = await asyncio.to_thread(sunk, cluster, "ssh", "sinfo -h -N -o '%t %E'")
+            return ready and slurm.returncode == 0 and slurm.stdout.split() == ["idle", "none"] * 3
 
         try:
             await wait_for("every node Ready and idle again", all_back, timeout=240)
         except AssertionError as late:
-            reasons = ssh(cluster, "sinfo -h -N -o '%N %t %E'")
+            reasons = sunk(cluster, "ssh", "sinfo -h -N -o '%N %t %E'")
             nodes = kubectl(cluster, "get", "nodes").stdout
-            raise AssertionError(f"{late}\n{reasons}\n{nodes}") from None
+            pods = kubectl(cluster, "get", "pods", "-A", "-o", "wide").stdout
+            raise AssertionError(
+                f"{late}\n{reasons.stdout}{reasons.stderr}\n{nodes}\n{pods}"
+            ) from None
         print(f"nodes Ready and idle {time.monotonic() - started:.1f}s after the apiserver")
 
         # The syncer's caches follow: a cordon drains the Slurm node, the uncordon resumes it.
