@@ -39,11 +39,19 @@ SlurmrestdOption = Annotated[
     str, typer.Option("--slurmrestd", envvar="SUNK_SLURMRESTD_URL", help="slurmrestd base URL.")
 ]
 JwtKeyOption = Annotated[
-    Path,
+    Path | None,
     typer.Option(
         "--jwt-key",
         envvar="SUNK_JWT_KEY_FILE",
-        help="The cluster's HS256 jwt key (a mounted Secret).",
+        help="The cluster's HS256 jwt key, to mint tokens for --slurm-user (or --jwt-token).",
+    ),
+]
+JwtTokenOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--jwt-token",
+        envvar="SUNK_JWT_TOKEN_FILE",
+        help="A file `sunk tokens` keeps a fresh token in (a mounted Secret): no key needed.",
     ),
 ]
 SlurmUserOption = Annotated[
@@ -97,7 +105,8 @@ def version() -> None:
 @app.command()
 def operator(
     slurmrestd: SlurmrestdOption,
-    jwt_key: JwtKeyOption,
+    jwt_key: JwtKeyOption = None,
+    jwt_token: JwtTokenOption = None,
     slurm_user: SlurmUserOption = "slurm",
     kubeconfig: KubeconfigOption = None,
     namespace: Annotated[
@@ -114,6 +123,7 @@ def operator(
     config = OperatorConfig(
         slurmrestd_url=slurmrestd,
         jwt_key_file=jwt_key,
+        jwt_token_file=jwt_token,
         slurm_user=slurm_user,
         kubeconfig=kubeconfig,
         namespace=namespace,
@@ -123,9 +133,50 @@ def operator(
 
 
 @app.command()
+def tokens(
+    jwt_key: Annotated[
+        Path,
+        typer.Option("--jwt-key", envvar="SUNK_JWT_KEY_FILE", help="The cluster's HS256 jwt key."),
+    ],
+    grant: Annotated[
+        list[str],
+        typer.Option(help="SECRET=SLURM_USER: keep a token for SLURM_USER in Secret SECRET."),
+    ],
+    namespace: Annotated[
+        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Secrets.")
+    ] = "default",
+    kubeconfig: KubeconfigOption = None,
+    lifetime: Annotated[float, typer.Option(help="Seconds each token is valid.")] = 3600.0,
+    refresh: Annotated[
+        float, typer.Option(help="Seconds between fresh tokens (under half the lifetime).")
+    ] = 600.0,
+    owner_service_account: Annotated[
+        str | None,
+        typer.Option(
+            envvar="POD_SERVICE_ACCOUNT",
+            help="Own the Secrets by this ServiceAccount: deleted with it.",
+        ),
+    ] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Keep a fresh Slurm token in each component's Secret (the one holder of the key)."""
+    from sunk.tokens.run import TokenGrant, main
+
+    _component_logging(verbose)
+    try:
+        grants = [TokenGrant.parse(text) for text in grant]
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    run_until_terminated(
+        main(jwt_key, namespace, grants, kubeconfig, lifetime, refresh, owner_service_account)
+    )
+
+
+@app.command()
 def syncer(
     slurmrestd: SlurmrestdOption,
-    jwt_key: JwtKeyOption,
+    jwt_key: JwtKeyOption = None,
+    jwt_token: JwtTokenOption = None,
     slurm_user: SlurmUserOption = "slurm",
     kubeconfig: KubeconfigOption = None,
     namespace: Annotated[
@@ -161,6 +212,7 @@ def syncer(
         SyncerConfig(
             slurmrestd_url=slurmrestd,
             jwt_key_file=jwt_key,
+            jwt_token_file=jwt_token,
             slurm_user=slurm_user,
             kubeconfig=kubeconfig,
             namespace=namespace,
@@ -176,7 +228,8 @@ def syncer(
 @app.command()
 def scheduler(
     slurmrestd: SlurmrestdOption,
-    jwt_key: JwtKeyOption,
+    jwt_key: JwtKeyOption = None,
+    jwt_token: JwtTokenOption = None,
     slurm_user: SlurmUserOption = "slurm",
     kubeconfig: KubeconfigOption = None,
     scheduler_name: Annotated[
@@ -231,6 +284,7 @@ def scheduler(
         SchedulerConfig(
             slurmrestd_url=slurmrestd,
             jwt_key_file=jwt_key,
+            jwt_token_file=jwt_token,
             slurm_user=slurm_user,
             kubeconfig=kubeconfig,
             scheduler_name=scheduler_name,

@@ -130,6 +130,25 @@ def test_busy_slurmd_pods_have_a_disruption_budget_that_can_be_turned_off(helm: 
     assert budgets("--set", "busyNodeBudget=false") == []
 
 
+def test_only_the_tokens_pod_holds_the_jwt_key(helm: Helm) -> None:
+    """The components parse what others write: each mounts its own token
+    Secret, and only `sunk tokens` the key that can mint any user's token."""
+    out = helm.run(["template", "rel", str(CHARTS / "sunk-cluster"), "-n", "hpc"])
+    mounts = {}
+    for doc in yaml.safe_load_all(out):
+        if doc and doc["kind"] == "Deployment":
+            volumes = doc["spec"]["template"]["spec"].get("volumes", [])
+            mounts[doc["metadata"]["name"]] = [
+                v["secret"]["secretName"] for v in volumes if "secret" in v
+            ]
+    assert mounts == {
+        "rel-tokens": ["slurm-jwt"],
+        "rel-operator": ["rel-operator-token"],
+        "rel-syncer": ["rel-syncer-token"],
+        "rel-scheduler": ["rel-scheduler-token"],
+    }
+
+
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 
 
@@ -191,6 +210,13 @@ CAN_I = [
     ("scheduler", "patch", "pods/status", "elsewhere", "", False),
     ("scheduler", "delete", "pods", "home", "", False),
     ("scheduler", "update", "leases", "home", "sunk-scheduler", True),
+    ("tokens", "update", "secrets", "home", "{release}-syncer-token", True),
+    ("tokens", "update", "secrets", "home", "slurm-jwt", False),
+    ("tokens", "update", "secrets", "home", "{release}-scheduler-seal", False),
+    ("tokens", "list", "secrets", "home", "", False),
+    ("tokens", "get", "serviceaccounts", "home", "{release}-tokens", True),
+    ("tokens", "get", "serviceaccounts", "home", "{release}-syncer", False),
+    ("syncer", "get", "secrets", "home", "{release}-syncer-token", False),
 ]
 
 

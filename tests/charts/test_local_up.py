@@ -324,14 +324,20 @@ echo done
     assert set(states) <= {"idle", "plnd"}, states
 
 
-def test_sunks_components_mint_tokens_as_the_charts_user(cluster: Path) -> None:
-    """The components run as 65532 (no root) and read the JWT key through the
-    pod's fsGroup: their Slurm view is fresh."""
+def test_sunks_components_use_the_tokens_minted_for_them_and_hold_no_key(cluster: Path) -> None:
+    """The components run as 65532 (no root) and read the token `sunk tokens`
+    keeps in their own Secret (through the pod's fsGroup): their Slurm view is
+    fresh, and no JWT key is in their pods."""
     for component in ("operator", "syncer", "scheduler"):
-        who = kubectl(cluster, "-n", "slurm", "exec", f"deploy/sunk-{component}", "--", "id", "-u")
+        deployment = f"deploy/sunk-{component}"
+        who = kubectl(cluster, "-n", "slurm", "exec", deployment, "--", "id", "-u")
         assert who.stdout.strip() == "65532", who.stdout + who.stderr
+        held = kubectl(cluster, "-n", "slurm", "exec", deployment, "--", "ls", "/var/run/sunk")
+        assert held.stdout.split() == ["token"], held.stdout + held.stderr
     logs = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-syncer")
     assert "Slurm view fresh" in logs.stdout, logs.stdout[-2000:]
+    minted = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-tokens")
+    assert "tokens for 3 grants written" in minted.stdout, minted.stdout[-2000:]
 
 
 COMPONENTS = ("operator", "syncer", "scheduler")

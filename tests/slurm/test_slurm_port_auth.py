@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import jwt
 import pytest
 
 from sunk.slurm import FileKey, JwtMinter, StaticKey, StaticToken, mint
+from sunk.slurm.auth import FileToken, slurm_credentials
 
 KEY = b"k" * 32
 
@@ -69,3 +71,35 @@ async def test_file_key_is_read_at_each_mint(tmp_path: Path) -> None:
 def test_lifetime_must_be_positive() -> None:
     with pytest.raises(ValueError, match="lifetime"):
         JwtMinter(StaticKey(KEY), "root", lifetime=0)
+
+
+async def test_a_token_file_is_read_again_when_replaced_or_near_expiry(tmp_path: Path) -> None:
+    """What a component holds under `sunk tokens`: no key, the token in a mounted
+    Secret that is replaced before it expires."""
+    now = [1000.0]
+    path = tmp_path / "token"
+    path.write_text(mint(KEY, "sunk-syncer", 300, now=1000).value + "\n")
+    tokens = FileToken(path, renew_before=60, clock=lambda: now[0])
+    first = await tokens.token()
+    assert (first.user, first.expires_at) == ("sunk-syncer", 1300)
+    assert tokens.user == "sunk-syncer"
+    assert await tokens.token() is first  # unchanged file: no second read
+    replaced = mint(KEY, "sunk-syncer", 300, now=1100)
+    path.write_text(replaced.value)
+    os.utime(path, (2000, 2000))  # a new mtime, as the kubelet's swap gives
+    assert (await tokens.token()).value == replaced.value
+    now[0] = 1350  # within renew_before of the expiry: read again (the newest there is)
+    assert (await tokens.token()).expires_at == 1400
+    path.write_text("not a token")
+    os.utime(path, (3000, 3000))
+    with pytest.raises(ValueError, match="not a Slurm token") as bad:
+        await tokens.token()
+    assert "not a token" not in str(bad.value)
+
+
+def test_a_component_holds_a_key_or_a_token_file_never_both(tmp_path: Path) -> None:
+    assert isinstance(slurm_credentials(tmp_path / "key", None, "slurm"), JwtMinter)
+    assert isinstance(slurm_credentials(None, tmp_path / "token", "slurm"), FileToken)
+    for key, token in ((None, None), (tmp_path / "key", tmp_path / "token")):
+        with pytest.raises(ValueError, match="either"):
+            slurm_credentials(key, token, "slurm")

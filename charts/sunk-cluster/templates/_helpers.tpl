@@ -13,8 +13,8 @@ app.kubernetes.io/component: {{ .component }}
 {{/*
 One leader-elected sunk component: (dict "root" $ "component" "operator"
 "c" .Values.operator "args" list). Runs as a non-root user with a read-only
-root filesystem and no capabilities; talks to Slurm with tokens it mints from
-the mounted JWT key.
+root filesystem and no capabilities; talks to Slurm with the token that
+`sunk tokens` keeps in its own Secret (it holds no key).
 */}}
 {{- define "sunk.component" -}}
 {{- $name := printf "%s-%s" .root.Release.Name .component -}}
@@ -54,8 +54,8 @@ spec:
         runAsNonRoot: true
         runAsUser: 65532
         runAsGroup: 65532
-        # The JWT key's files are group-readable (0440): a kubelet gives them
-        # this group, or the key is root's alone and no token can be minted.
+        # Secret files are group-readable (0440): a kubelet gives them this
+        # group, or they are root's alone and unreadable here.
         fsGroup: 65532
         seccompProfile: {type: RuntimeDefault}
       containers:
@@ -66,8 +66,7 @@ spec:
             - sunk
             - {{ .component }}
             - --slurmrestd={{ .root.Values.slurm.restapiUrl }}
-            - --jwt-key=/var/run/sunk/jwt/jwt_hs256.key
-            - --slurm-user={{ .root.Values.slurm.user }}
+            - --jwt-token=/var/run/sunk/token/token
             {{- $slurmNamespace := .root.Values.slurm.namespace | default .root.Release.Namespace }}
             {{- if ne $slurmNamespace "*" }}
             {{- /* the scheduler's --namespace limits the pods it places; the Slurm one is where slurmd pods live */}}
@@ -91,11 +90,11 @@ spec:
           resources: {{- toYaml . | nindent 12 }}
           {{- end }}
           volumeMounts:
-            - {name: jwt, mountPath: /var/run/sunk/jwt, readOnly: true}
+            - {name: token, mountPath: /var/run/sunk/token, readOnly: true}
       volumes:
-        - name: jwt
+        - name: token
           secret:
-            secretName: {{ .root.Values.slurm.jwtSecret }}
+            secretName: {{ $name }}-token
             defaultMode: 0440
 ---
 apiVersion: v1

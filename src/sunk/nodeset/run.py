@@ -15,7 +15,7 @@ from sunk.kube.leader import LeaderElector
 from sunk.kube.retry import until_answered
 from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
-from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.auth import slurm_credentials
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 
@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class OperatorConfig:
     slurmrestd_url: str
-    jwt_key_file: Path
+    jwt_key_file: Path | None  # mint tokens for slurm_user from the key, or
+    jwt_token_file: Path | None  # read the tokens `sunk tokens` mints (one of the two)
     # Drains and node deletions need SlurmUser or root (testbed-notes).
     slurm_user: str = "slurm"
     kubeconfig: Path | None = None  # None: in-cluster service account
@@ -40,7 +41,7 @@ class OperatorConfig:
 async def run_operator(config: OperatorConfig) -> None:
     identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
     kube = kube_client(config.kubeconfig, "sunk-operator")
-    credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
+    credentials = slurm_credentials(config.jwt_key_file, config.jwt_token_file, config.slurm_user)
     async with SlurmClient(config.slurmrestd_url, credentials) as slurm:
         view = SlurmView(slurm, watch_jobs=False)
         async with view:

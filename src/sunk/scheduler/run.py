@@ -27,7 +27,7 @@ from sunk.scheduler.request import SCHEDULER_NAME, Options
 from sunk.scheduler.seal import JobSeal, new_secret
 from sunk.scheduler.tenancy import Tenancy, TenancyError, parse_tenancy
 from sunk.service import run_until_terminated
-from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.auth import slurm_credentials
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 
@@ -45,7 +45,8 @@ READ_SHARE = 0.1
 @dataclass(frozen=True)
 class SchedulerConfig:
     slurmrestd_url: str
-    jwt_key_file: Path
+    jwt_key_file: Path | None  # mint tokens for slurm_user from the key, or
+    jwt_token_file: Path | None  # read the tokens `sunk tokens` mints (one of the two)
     slurm_user: str = "slurm"  # submitting as another user (user-id annotation) needs an admin
     kubeconfig: Path | None = None
     scheduler_name: str = SCHEDULER_NAME
@@ -157,7 +158,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, config.scheduler_name)
-    credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
+    credentials = slurm_credentials(config.jwt_key_file, config.jwt_token_file, config.slurm_user)
     options = Options(
         partition=config.partition,
         constraint=config.constraint,

@@ -134,6 +134,77 @@ class JwtMinter:
         self._current = None
 
 
+class FileToken:
+    """Tokens minted elsewhere (by `sunk tokens`), read from a file that is
+    replaced before the token in it expires (a mounted Secret). The component
+    then holds no key: only a token for its own Slurm user, for an hour at most.
+
+    The file is read again when it changed, when its token is about to expire,
+    or after slurmctld refused it; its claims (`sun`, `exp`) are read without
+    checking the signature, which is slurmctld's to check.
+    """
+
+    def __init__(
+        self, path: Path, *, renew_before: float = 60.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.path = path
+        self.renew_before = renew_before
+        self._clock = clock
+        self._current: Token | None = None
+        self._read_at: float | None = None  # the file's mtime when read
+
+    @property
+    def user(self) -> str:
+        return self._current.user if self._current else "(token file)"
+
+    def __repr__(self) -> str:
+        return f"FileToken({str(self.path)!r}, user={self.user!r})"
+
+    async def token(self) -> Token:
+        mtime = await asyncio.to_thread(lambda: self.path.stat().st_mtime)
+        current = self._current
+        if (
+            current is None
+            or mtime != self._read_at
+            or current.expires_at - self._clock() <= self.renew_before
+        ):
+            value = (await asyncio.to_thread(self.path.read_text)).strip()
+            try:
+                claims = jwt.decode(value, options={"verify_signature": False})
+                current = Token(
+                    user=str(claims["sun"]), expires_at=float(claims["exp"]), value=value
+                )
+            except (jwt.InvalidTokenError, KeyError, TypeError, ValueError) as error:
+                raise ValueError(
+                    f"{self.path}: not a Slurm token ({type(error).__name__})"
+                ) from None
+            self._current, self._read_at = current, mtime
+        return current
+
+    def invalidate(self) -> None:
+        self._current = None
+
+
+def _read_token(value: str, source: str) -> Token:
+    """A token's user and expiry from its claims (the value itself never in an error)."""
+    try:
+        claims = jwt.decode(value, options={"verify_signature": False})
+        return Token(user=str(claims["sun"]), expires_at=float(claims["exp"]), value=value)
+    except (jwt.InvalidTokenError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{source}: not a Slurm token ({type(error).__name__})") from None
+
+
+def slurm_credentials(key_file: Path | None, token_file: Path | None, user: str) -> Credentials:
+    """A component's Slurm credentials: tokens for `user` it mints from the
+    cluster's key, or the tokens `sunk tokens` mints for it, from a file."""
+    if (key_file is None) == (token_file is None):
+        raise ValueError("give either the JWT key file or a token file, not both or neither")
+    if token_file is not None:
+        return FileToken(token_file)
+    assert key_file is not None
+    return JwtMinter(FileKey(key_file), user)
+
+
 class StaticToken:
     """A token made elsewhere (e.g. `scontrol token`); cannot be renewed."""
 

@@ -13,7 +13,7 @@ from prometheus_client import start_http_server
 from sunk.kube.client import kube_client
 from sunk.kube.leader import LeaderElector
 from sunk.service import run_until_terminated
-from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.auth import slurm_credentials
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 from sunk.syncer.controller import Syncer
@@ -24,7 +24,8 @@ from sunk.syncer.ratelimit import WriteLimits
 @dataclass(frozen=True)
 class SyncerConfig:
     slurmrestd_url: str
-    jwt_key_file: Path
+    jwt_key_file: Path | None  # mint tokens for slurm_user from the key, or
+    jwt_token_file: Path | None  # read the tokens `sunk tokens` mints (one of the two)
     slurm_user: str = "slurm"
     kubeconfig: Path | None = None
     namespace: str | None = None  # where slurmd pods live; None: every namespace
@@ -44,7 +45,7 @@ async def run_syncer(config: SyncerConfig) -> None:
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, "sunk-syncer")
-    credentials = JwtMinter(FileKey(config.jwt_key_file), config.slurm_user)
+    credentials = slurm_credentials(config.jwt_key_file, config.jwt_token_file, config.slurm_user)
     async with (
         SlurmClient(config.slurmrestd_url, credentials) as slurm,
         SlurmView(slurm, interval=config.poll_interval, watch_jobs=False) as view,

@@ -119,7 +119,8 @@ def cluster_values(
     tenants: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Values of the sunk-cluster chart beside slurm release `release`: one
-    replica of each component (a two-core machine) from the bed's sunk image;
+    replica of each component and of `sunk tokens` (a two-core machine) from
+    the bed's sunk image;
     `tenants`, the scheduler's tenancy (none: no namespace served)."""
     values: dict[str, Any] = {
         "slurm": {
@@ -127,6 +128,7 @@ def cluster_values(
             "jwtSecret": f"{release}-jwt",
             "namespace": namespace,
         },
+        "tokens": {"replicas": 1},
         "operator": {"replicas": replicas},
         "syncer": {"replicas": replicas},
         "scheduler": {"replicas": replicas, "killWait": kill_wait, "tenants": tenants or []},

@@ -1,0 +1,1 @@
+"""`sunk tokens`: the one component that holds the cluster's JWT key."""

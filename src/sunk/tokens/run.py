@@ -1,0 +1,148 @@
+"""`sunk tokens`: mints each component's Slurm token into a Secret of its own.
+
+The operator, the syncer and the scheduler read what pods and users write, so
+they should not hold the HS256 key (with it, any token for any Slurm user,
+root included, can be made). This component holds it instead and parses
+nothing anyone else writes: every `refresh` seconds it mints a token for each
+grant's Slurm user, valid for `lifetime` seconds, into the grant's Secret
+(key `token`). Each component mounts only its own Secret (a kubelet brings a
+changed Secret to the pod within about a minute) and reads it with
+`FileToken`. A component's leaked token is good for an hour at most and names
+one user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightkube import ApiError, AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.core_v1 import Secret, ServiceAccount
+
+from sunk.kube.client import kube_client
+from sunk.kube.retry import until_answered
+from sunk.slurm.auth import FileKey, KeySource, mint
+
+log = logging.getLogger(__name__)
+
+TOKEN_KEY = "token"  # noqa: S105 - the Secret's key name, not a secret
+LABELS = {"app.kubernetes.io/name": "sunk", "app.kubernetes.io/component": "tokens"}
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """A Secret that holds tokens for one Slurm user."""
+
+    secret: str
+    user: str
+
+    @classmethod
+    def parse(cls, text: str) -> TokenGrant:
+        """`<secret>=<slurm user>`, as the command line gives it."""
+        secret, sep, user = text.partition("=")
+        if not sep or not secret or not user:
+            raise ValueError(f"--grant {text!r}: expected <secret>=<slurm user>")
+        return cls(secret, user)
+
+
+def token_secret(
+    grant: TokenGrant, namespace: str, token: str, owner: OwnerReference | None = None
+) -> Secret:
+    return Secret(
+        metadata=ObjectMeta(
+            name=grant.secret,
+            namespace=namespace,
+            labels=dict(LABELS),
+            ownerReferences=[owner] if owner else None,
+        ),
+        type="Opaque",
+        data={TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    )
+
+
+async def owner_of_tokens(
+    kube: AsyncClient, namespace: str, service_account: str
+) -> OwnerReference:
+    """The ServiceAccount of `sunk tokens` as the Secrets' owner: the chart's
+    uninstall deletes it, and Kubernetes' garbage collector the Secrets with it
+    (helm does not know them)."""
+    account = await kube.get(ServiceAccount, service_account, namespace=namespace)
+    assert account.metadata is not None
+    return OwnerReference(
+        apiVersion="v1", kind="ServiceAccount", name=service_account, uid=account.metadata.uid or ""
+    )
+
+
+async def write_token(
+    kube: AsyncClient,
+    namespace: str,
+    grant: TokenGrant,
+    keys: KeySource,
+    lifetime: float,
+    owner: OwnerReference | None = None,
+) -> None:
+    """One fresh token into the grant's Secret, created if missing."""
+    token = mint(await keys.key(), grant.user, lifetime, time.time())
+    secret = token_secret(grant, namespace, token.value, owner)
+    try:
+        await kube.replace(secret)
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+        await kube.create(secret)
+
+
+async def run_tokens(
+    kube: AsyncClient,
+    namespace: str,
+    grants: Sequence[TokenGrant],
+    keys: KeySource,
+    *,
+    lifetime: float = 3600.0,
+    refresh: float = 600.0,
+    owner: OwnerReference | None = None,
+) -> None:
+    """Every `refresh` seconds, a fresh token in every grant's Secret; forever."""
+    if refresh * 2 >= lifetime:
+        raise ValueError("refresh must be under half the lifetime: tokens must outlive delays")
+    while True:
+        for grant in grants:
+            await until_answered(
+                f"writing Secret {namespace}/{grant.secret}",
+                functools.partial(write_token, kube, namespace, grant, keys, lifetime, owner),
+            )
+        log.info("tokens for %d grants written; next in %.0fs", len(grants), refresh)
+        await asyncio.sleep(refresh)
+
+
+async def main(
+    key_file: Path,
+    namespace: str,
+    grants: Sequence[TokenGrant],
+    kubeconfig: Path | None,
+    lifetime: float,
+    refresh: float,
+    owner_service_account: str | None,
+) -> None:
+    kube = kube_client(kubeconfig, "sunk-tokens")
+    try:
+        owner = None
+        if owner_service_account:
+            account = owner_service_account
+            owner = await until_answered(
+                f"reading ServiceAccount {namespace}/{account}",
+                lambda: owner_of_tokens(kube, namespace, account),
+            )
+        keys = FileKey(key_file)
+        await run_tokens(
+            kube, namespace, grants, keys, lifetime=lifetime, refresh=refresh, owner=owner
+        )
+    finally:
+        await kube.close()
