@@ -9,7 +9,7 @@ import httpx2
 import pytest
 from lightkube import ApiError
 
-from sunk.kube.workqueue import Result, ShutDown, WorkQueue, run_workers
+from sunk.kube.workqueue import Result, ShutDown, Stale, WorkQueue, routine_failure, run_workers
 
 
 async def test_a_key_is_queued_once() -> None:
@@ -127,3 +127,12 @@ async def test_routine_failures_are_retried_without_a_traceback(
     [unexpected] = [r for r in caplog.records if "n2" in r.getMessage()]
     assert unexpected.levelno == logging.ERROR
     assert unexpected.exc_info is not None
+
+
+def test_a_stale_read_is_routine() -> None:
+    """A JSON patch whose resourceVersion test fails answers 422; the syncer says
+    Stale, and the retry is no news."""
+    assert routine_failure(Stale("node n1 changed since it was read")) == (
+        "node n1 changed since it was read"
+    )
+    assert routine_failure(RuntimeError("bug")) is None

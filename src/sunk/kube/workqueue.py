@@ -121,11 +121,19 @@ class Result:
 Reconcile = Callable[[K], Awaitable[Result | None]]
 
 
+class Stale(Exception):
+    """A guarded write found its object changed since it was read (a JSON
+    patch's resourceVersion test failing answers 422, not 409): the retry
+    reads it afresh. Retried quietly."""
+
+
 def routine_failure(error: Exception) -> str | None:
     """What a failure that any controller meets in ordinary work was (so its
     retry is no news), or None for one worth a traceback: a write refused
     because the object changed since it was read (409), an object deleted
     meanwhile (404), an apiserver away or overloaded for a moment."""
+    if isinstance(error, Stale):
+        return str(error)
     if isinstance(error, ApiError) and error.status.code == 409:
         return "the object changed meanwhile"
     if isinstance(error, ApiError) and error.status.code == 404:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from lightkube import AsyncClient, operators
+from lightkube import ApiError, AsyncClient, operators
 from lightkube.models.core_v1 import NodeCondition, PodCondition, Taint
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
@@ -33,7 +33,7 @@ from sunk.api.nodeset import owning_nodeset
 from sunk.kube.client import pod_ready
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
-from sunk.kube.workqueue import Result, WorkQueue, run_workers
+from sunk.kube.workqueue import Result, Stale, WorkQueue, run_workers
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
 from sunk.slurm.models import Node as SlurmNode
@@ -458,7 +458,13 @@ class Syncer:
             },
         ]
         await self.kube_writes.acquire()
-        await self._kube.patch(Node, node.metadata.name or "", patch, patch_type=PatchType.JSON)
+        name = node.metadata.name or ""
+        try:
+            await self._kube.patch(Node, name, patch, patch_type=PatchType.JSON)
+        except ApiError as error:
+            if error.status.code == 422:  # the resourceVersion test failed
+                raise Stale(f"node {name} changed since it was read") from None
+            raise
         self.metrics.actions.labels(kind="taint" if present else "untaint").inc()
         if present:
             note = f"a Slurm job runs on this node: taint {TAINT_NODE_LOCK}:{effect} keeps "
