@@ -169,15 +169,7 @@ class FileToken:
             or current.expires_at - self._clock() <= self.renew_before
         ):
             value = (await asyncio.to_thread(self.path.read_text)).strip()
-            try:
-                claims = jwt.decode(value, options={"verify_signature": False})
-                current = Token(
-                    user=str(claims["sun"]), expires_at=float(claims["exp"]), value=value
-                )
-            except (jwt.InvalidTokenError, KeyError, TypeError, ValueError) as error:
-                raise ValueError(
-                    f"{self.path}: not a Slurm token ({type(error).__name__})"
-                ) from None
+            current = _read_token(value, str(self.path))
             self._current, self._read_at = current, mtime
         return current
 
