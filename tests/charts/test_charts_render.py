@@ -295,3 +295,128 @@ def test_the_tenancy_values_render_to_what_the_scheduler_reads(helm: Helm) -> No
                 'scheduler.tenants=[{"namespaces":["a"],"uids":"0","user":0}]',
             ]
         )
+
+
+# NetworkPolicy as the API defines it (networking.k8s.io/v1): a pod that an
+# Ingress policy of its namespace selects accepts only what one of those
+# policies' rules allows. The bed's CNI (bridge) enforces none, so the flows
+# are checked against the rendered policies here; the server-side dry run
+# above shows the apiserver accepts them.
+Pod_ = tuple[str, dict[str, str]]  # namespace, labels
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for rule in selector.get("matchExpressions", []):
+        key, values = rule["key"], rule.get("values", [])
+        held = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[rule["operator"]]
+        if not held:
+            return False
+    return True
+
+
+def _peer_matches(peer: dict[str, Any], policy_ns: str, source: Pod_) -> bool:
+    namespace, labels = source
+    if "namespaceSelector" in peer:
+        if not _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}):
+            return False
+    elif namespace != policy_ns:
+        return False
+    return _selects(peer.get("podSelector", {}), labels)
+
+
+def _allowed(policies: list[dict[str, Any]], source: Pod_, target: Pod_, port: int) -> bool:
+    namespace, labels = target
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"]["namespace"] == namespace
+        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and _selects(p["spec"]["podSelector"], labels)
+    ]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            peers = rule.get("from", [])
+            ports = rule.get("ports", [])
+            if peers and not any(_peer_matches(p, namespace, source) for p in peers):
+                continue
+            if ports and not any(
+                p.get("protocol", "TCP") == "TCP"
+                and p["port"] <= port <= p.get("endPort", p["port"])
+                for p in ports
+            ):
+                continue
+            return True
+    return False
+
+
+def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
+    helm: Helm,
+) -> None:
+    """The flows Slurm and sunk need are open; a tenant's pod (even one
+    labelled like sunk's) reaches no daemon but ssh, and a job (running in a
+    slurmd pod) does not reach MariaDB."""
+    rendered: list[dict[str, Any]] = []
+    for chart in ("slurm", "sunk-cluster"):
+        out = helm.run(["template", "rel", str(CHARTS / chart), "-n", "hpc"])
+        rendered += [d for d in yaml.safe_load_all(out) if d]
+    policies = [d for d in rendered if d["kind"] == "NetworkPolicy"]
+    for policy in policies:
+        policy["metadata"].setdefault("namespace", "hpc")
+    pods: dict[str, Pod_] = {}
+    for doc in rendered:
+        template = doc.get("spec", {}).get("template")
+        if template:
+            pods[doc["metadata"]["name"]] = ("hpc", template["metadata"]["labels"])
+    slurm = {
+        name: pods[key]
+        for name, key in {
+            "ctld": "rel-slurmctld",
+            "slurmd": "compute",
+            "login": "rel-login",
+            "dbd": "rel-slurmdbd",
+            "restd": "rel-slurmrestd",
+            "mariadb": "rel-mariadb",
+            "uninstall": "rel-uninstall",
+        }.items()
+    }
+    sunk = [pods[f"rel-{c}"] for c in ("operator", "syncer", "scheduler")]
+    tenant: Pod_ = ("team-a", {"app": "web"})
+    forged: Pod_ = ("team-a", dict(sunk[0][1]))  # a tenant's pod labelled like sunk's
+    ephemeral = 40_000  # srun, step and PMIx ports
+    needed = [
+        *((slurm[s], slurm["ctld"], 6817) for s in ("slurmd", "login", "restd", "dbd", "ctld")),
+        *(
+            (slurm[s], slurm["slurmd"], p)
+            for s in ("ctld", "slurmd", "login")
+            for p in (6818, ephemeral)
+        ),
+        *((slurm[s], slurm["login"], ephemeral) for s in ("ctld", "slurmd")),
+        *((slurm[s], slurm["dbd"], 6819) for s in ("ctld", "login", "restd", "slurmd")),
+        (slurm["dbd"], slurm["mariadb"], 3306),
+        *((s, slurm["restd"], 6820) for s in (slurm["login"], slurm["uninstall"], *sunk)),
+        (tenant, slurm["login"], 22),
+    ]
+    refused = [
+        *((tenant, slurm[t], p) for t, p in (("mariadb", 3306), ("restd", 6820), ("dbd", 6819))),
+        *(
+            (tenant, slurm[t], p)
+            for t, p in (("ctld", 6817), ("slurmd", 6818), ("login", ephemeral))
+        ),
+        (forged, slurm["restd"], 6820),
+        *((slurm[s], slurm["mariadb"], 3306) for s in ("slurmd", "login", "ctld", "restd")),
+        (slurm["slurmd"], slurm["restd"], 6820),
+        *((s, slurm["mariadb"], 3306) for s in sunk),
+    ]
+    assert [f for f in needed if not _allowed(policies, *f)] == []
+    assert [f for f in refused if _allowed(policies, *f)] == []
+    off = helm.run(["template", "rel", str(CHARTS / "slurm"), "--set=networkPolicy.enabled=false"])
+    assert "kind: NetworkPolicy" not in off

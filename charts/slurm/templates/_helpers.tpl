@@ -183,3 +183,11 @@ PrintMotd no
 AcceptEnv LANG LC_*
 Subsystem sftp /usr/lib/openssh/sftp-server
 {{- end }}
+
+{{/* NetworkPolicy peers: the release's pods of each component in .components. */}}
+{{- define "slurm.peers" -}}
+{{- range .components }}
+- podSelector:
+    matchLabels: {{- include "slurm.selector" (dict "root" $.root "component" .) | nindent 6 }}
+{{- end }}
+{{- end -}}
