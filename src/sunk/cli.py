@@ -157,6 +157,17 @@ def tokens(
             help="Own the Secrets by this ServiceAccount: deleted with it.",
         ),
     ] = None,
+    tenant_tokens: Annotated[
+        str | None,
+        typer.Option(
+            help="Secret to keep a token in for every uid the tenancy grants (key: the "
+            "uid), which the scheduler acts as each tenant with."
+        ),
+    ] = None,
+    tenancy_configmap: Annotated[
+        str | None,
+        typer.Option(help="The scheduler's tenancy ConfigMap, whose granted uids get tokens."),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Keep a fresh Slurm token in each component's Secret (the one holder of the key)."""
@@ -167,8 +178,20 @@ def tokens(
         grants = [TokenGrant.parse(text) for text in grant]
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    if (tenant_tokens is None) != (tenancy_configmap is None):
+        raise typer.BadParameter("--tenant-tokens and --tenancy-configmap go together")
     run_until_terminated(
-        main(jwt_key, namespace, grants, kubeconfig, lifetime, refresh, owner_service_account)
+        main(
+            jwt_key,
+            namespace,
+            grants,
+            kubeconfig,
+            lifetime,
+            refresh,
+            owner_service_account,
+            tenant_tokens,
+            tenancy_configmap,
+        )
     )
 
 
@@ -273,6 +296,15 @@ def scheduler(
             "their Slurm accounts, partitions, QOS and uids (none listed: none served)."
         ),
     ] = "sunk-scheduler-tenancy",
+    tenant_tokens: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SUNK_TENANT_TOKENS_DIR",
+            help="Directory with a Slurm token per granted uid, kept by `sunk tokens` "
+            "(a mounted Secret): jobs are submitted and ended as their tenant. "
+            "Without it, tokens are minted from --jwt-key.",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Place pods on NodeSet nodes through Slurm jobs (leader-elected)."""
@@ -299,6 +331,7 @@ def scheduler(
             metrics_port=metrics_port or None,
             seal_secret_name=job_seal_secret,
             tenancy_configmap=tenancy_configmap,
+            tenant_tokens_dir=tenant_tokens,
         )
     )
 

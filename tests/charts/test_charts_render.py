@@ -145,7 +145,7 @@ def test_only_the_tokens_pod_holds_the_jwt_key(helm: Helm) -> None:
         "rel-tokens": ["slurm-jwt"],
         "rel-operator": ["rel-operator-token"],
         "rel-syncer": ["rel-syncer-token"],
-        "rel-scheduler": ["rel-scheduler-token"],
+        "rel-scheduler": ["rel-scheduler-token", "rel-scheduler-tenant-tokens"],
     }
 
 
@@ -216,6 +216,10 @@ CAN_I = [
     ("tokens", "list", "secrets", "home", "", False),
     ("tokens", "get", "serviceaccounts", "home", "{release}-tokens", True),
     ("tokens", "get", "serviceaccounts", "home", "{release}-syncer", False),
+    ("tokens", "update", "secrets", "home", "{release}-scheduler-tenant-tokens", True),
+    ("tokens", "watch", "configmaps", "home", "{release}-scheduler-tenancy", True),
+    ("tokens", "update", "configmaps", "home", "{release}-scheduler-tenancy", False),
+    ("scheduler", "get", "secrets", "home", "{release}-scheduler-tenant-tokens", False),
     ("syncer", "get", "secrets", "home", "{release}-syncer-token", False),
 ]
 
@@ -362,8 +366,8 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
     helm: Helm,
 ) -> None:
     """The flows Slurm and sunk need are open; a tenant's pod (even one
-    labelled like sunk's) reaches no daemon but ssh, and a job (running in a
-    slurmd pod) does not reach MariaDB."""
+    labelled like sunk's) reaches no daemon but ssh, and neither a job (it runs
+    in a slurmd pod) nor a login user reaches MariaDB or slurmrestd."""
     rendered: list[dict[str, Any]] = []
     for chart in ("slurm", "sunk-cluster"):
         out = helm.run(["template", "rel", str(CHARTS / chart), "-n", "hpc"])
@@ -402,7 +406,7 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
         *((slurm[s], slurm["login"], ephemeral) for s in ("ctld", "slurmd")),
         *((slurm[s], slurm["dbd"], 6819) for s in ("ctld", "login", "restd", "slurmd")),
         (slurm["dbd"], slurm["mariadb"], 3306),
-        *((s, slurm["restd"], 6820) for s in (slurm["login"], slurm["uninstall"], *sunk)),
+        *((s, slurm["restd"], 6820) for s in (slurm["uninstall"], *sunk)),
         (tenant, slurm["login"], 22),
     ]
     refused = [
@@ -413,7 +417,7 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
         ),
         (forged, slurm["restd"], 6820),
         *((slurm[s], slurm["mariadb"], 3306) for s in ("slurmd", "login", "ctld", "restd")),
-        (slurm["slurmd"], slurm["restd"], 6820),
+        *((slurm[s], slurm["restd"], 6820) for s in ("slurmd", "login")),
         *((s, slurm["mariadb"], 3306) for s in sunk),
     ]
     assert [f for f in needed if not _allowed(policies, *f)] == []

@@ -34,7 +34,7 @@ from lightkube.resources.core_v1 import Pod
 
 from plugins.slurm_pods import wait_for
 from sunk.syncer.decide import LABEL_SLURM_BUSY
-from sunk.testbed.bed import Bed
+from sunk.testbed.bed import USER_UID, Bed
 from sunk.testbed.kube import async_client
 from sunk.testbed.nodes import node_binaries_dir
 
@@ -175,8 +175,12 @@ async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: P
         job = current.metadata.annotations[JOB_ID_ANNOTATION]
         assert current.spec is not None
         assert (current.spec.nodeName or "").startswith("local-")
-        state = await asyncio.to_thread(ssh, cluster, f"squeue -h -j {job} -o %T")
-        assert state.strip() == "RUNNING", state
+        # The tenant's job, asked with the tenant's token by a scheduler whose own
+        # Slurm user (nobody) may act for no one: an allocation, run as the tenant.
+        state = await asyncio.to_thread(ssh, cluster, f"squeue -h -j {job} -o '%T %U'")
+        assert state.split() == ["RUNNING", str(USER_UID)], state
+        batch = await asyncio.to_thread(ssh, cluster, f"scontrol show job {job}")
+        assert "BatchFlag=0" in batch, batch
 
         await kube.delete(Pod, "inference", namespace="default")
 
@@ -267,6 +271,16 @@ def test_a_job_over_its_memory_is_killed_by_the_kernel(cluster: Path) -> None:
     assert "drain" not in " ".join(nodes), nodes
 
 
+def test_a_job_holds_none_of_slurmds_capabilities(cluster: Path) -> None:
+    """slurmd runs as root with SYS_ADMIN and SYS_NICE (its cgroups, CPU masks);
+    a job runs as its user, and a change of uid from 0 clears every capability."""
+    status = ssh(cluster, "srun -N1 grep -E '^(Uid|CapPrm|CapEff|CapAmb):' /proc/self/status")
+    fields = dict(line.split(":", 1) for line in status.strip().splitlines())
+    assert fields["Uid"].split()[0] == str(USER_UID), status
+    for cap in ("CapPrm", "CapEff", "CapAmb"):
+        assert int(fields[cap].strip(), 16) == 0, status
+
+
 def test_a_steps_stray_processes_end_with_the_job(cluster: Path) -> None:
     """proctrack/cgroup: what a step leaves behind (a disowned sleeper) is
     killed when the job ends; tini reaps it, so nothing stays, not even a zombie."""
@@ -334,11 +348,24 @@ def test_sunks_components_use_the_tokens_minted_for_them_and_hold_no_key(cluster
         who = kubectl(cluster, "-n", "slurm", "exec", deployment, "--", "id", "-u")
         assert who.stdout.strip() == "65532", who.stdout + who.stderr
         held = kubectl(cluster, "-n", "slurm", "exec", deployment, "--", "ls", "/var/run/sunk")
-        assert held.stdout.split() == ["token"], held.stdout + held.stderr
+        expected = ["tenant-tokens", "token"] if component == "scheduler" else ["token"]
+        assert held.stdout.split() == expected, held.stdout + held.stderr
+    # The scheduler's tenant tokens: one per uid `sunk local up`'s tenancy grants.
+    tenants = kubectl(
+        cluster,
+        "-n",
+        "slurm",
+        "exec",
+        "deploy/sunk-scheduler",
+        "--",
+        "ls",
+        "/var/run/sunk/tenant-tokens",
+    )
+    assert tenants.stdout.split() == [str(USER_UID)], tenants.stdout + tenants.stderr
     logs = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-syncer")
     assert "Slurm view fresh" in logs.stdout, logs.stdout[-2000:]
     minted = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-tokens")
-    assert "tokens for 3 grants written" in minted.stdout, minted.stdout[-2000:]
+    assert "tokens for 3 grants and 1 tenant uids written" in minted.stdout, minted.stdout[-2000:]
 
 
 COMPONENTS = ("operator", "syncer", "scheduler")

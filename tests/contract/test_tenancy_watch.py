@@ -14,7 +14,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 from lightkube.resources.events_v1 import Event
 
-from sunk.scheduler.run import TENANCY_KEY, TenancyWatch
+from sunk.scheduler.tenancy_watch import TENANCY_KEY, TenancyWatch
 
 pytestmark = pytest.mark.testbed
 

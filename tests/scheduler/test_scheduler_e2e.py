@@ -29,7 +29,7 @@ from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import SlurmBed, create, set_capacity, slurm_bed, wait_for
-from sunk.scheduler.controller import Scheduler
+from sunk.scheduler.controller import STOP_MARGIN, Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
     ANNOTATION_ACCOUNT,
@@ -47,7 +47,7 @@ from sunk.scheduler.request import (
 from sunk.scheduler.run import VIEW_STALE_AFTER
 from sunk.scheduler.seal import JobSeal
 from sunk.scheduler.tenancy import Grant, Tenancy
-from sunk.slurm.auth import FileKey, JwtMinter
+from sunk.slurm.auth import FileKey, JwtMinter, TenantMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import Job
 from sunk.slurm.view import SlurmView
@@ -57,8 +57,11 @@ from sunk.testbed.slurm import SlurmCommandError
 pytestmark = pytest.mark.testbed
 
 KILL_WAIT = 10
-# The in-process scheduler's seal; it acts in Slurm as root.
-SEAL = JobSeal(b"the scheduler e2e's job seal....", "root")
+# The in-process scheduler's own Slurm user has no Slurm privilege (an
+# ordinary system user every Debian root filesystem has): it reads jobs and
+# nodes, and submits, signals and cancels each job as its tenant.
+SCHEDULER_USER = "bin"
+SEAL = JobSeal(b"the scheduler e2e's job seal....", SCHEDULER_USER)
 # Its tenant's jobs run as nobody: a uid of at least 1000 that the slurm image
 # and the test bed's root filesystem both know.
 TENANT_UID = 65534
@@ -179,7 +182,7 @@ class SchedulerProcess:
         self.metrics = SchedulerMetrics()
 
     async def _run(self) -> None:
-        credentials = JwtMinter(FileKey(self.sb.key), "root")
+        credentials = JwtMinter(FileKey(self.sb.key), SCHEDULER_USER)
         async with (
             SlurmClient(self.sb.url, credentials) as client,
             SlurmView(
@@ -192,6 +195,7 @@ class SchedulerProcess:
                 view,
                 seal=SEAL,
                 tenancy=lambda: tenancy(self.sb.bed.namespace),
+                tenants=TenantMinter(FileKey(self.sb.key)),
                 tenancy_source="the test's tenancy",
                 options=Options(partition="k8s", kill_wait=KILL_WAIT),
                 namespace=self.namespace,
@@ -459,6 +463,10 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
         await kube.create(pod_body(sb, "victim"))
         await wait_for_bound(kube, sb, "victim")
         job_id = job_of(await get_pod(kube, sb, "victim"))
+        # The tenant's own job, asked with the tenant's token: an allocation (it
+        # runs as the token's user), by a scheduler with no Slurm privilege.
+        assert (await sb.job_fields(job_id))["UserId"] == f"nobody({TENANT_UID})"
+        assert process.jobs_of_kind("allocation") == 1
         await sb.aslurm("scancel", job_id)
         started = asyncio.get_running_loop().time()
 
@@ -469,9 +477,6 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
         await wait_for("the pod to be evicted", evicted, timeout=10)
         print(f"scancel → pod deleted in {asyncio.get_running_loop().time() - started:.2f}s")
         assert any(e.reason == "Evicted" for e in await events_for(kube, sb, "victim"))
-        # A tenant's job is a batch placeholder (an allocation would run as the
-        # scheduler's own user); the metrics say so.
-        assert process.jobs_of_kind("batch") == 1
         registry = process.metrics.registry
         assert registry.get_sample_value("sunk_scheduler_binds_total") == 1
         assert registry.get_sample_value("sunk_scheduler_bind_seconds_count") == 1
@@ -699,10 +704,10 @@ async def test_an_orphan_job_is_cancelled(kube: AsyncClient, sched_bed: SchedBed
     user) is not the scheduler's to cancel."""
     sb = sched_bed
     key = f"{sb.bed.namespace}/00000000-0000-0000-0000-000000000000"
-    orphan, lookalike = [
-        await sbatch(sb, "-p", "k8s", f"--comment={comment}", "--wrap", "sleep 600")
-        for comment in (SEAL.comment(key, None), f"sunk:{key}")
-    ]
+    submit = ("-p", "k8s", "--chdir=/tmp", "-o", "/dev/null", "--wrap", "sleep 600")
+    # The tenant's job, as the scheduler would have submitted it: it ends it as the tenant.
+    orphan = await sbatch(sb, f"--comment={SEAL.comment(key, TENANT_UID)}", *submit, user="nobody")
+    lookalike = await sbatch(sb, f"--comment=sunk:{key}", *submit)
     try:
         async with scheduling(kube, sb):
             await wait_for("the orphan to be cancelled", lambda: job_ended(sb, orphan), timeout=30)
@@ -781,7 +786,7 @@ async def test_a_pod_stops_its_grace_period_before_its_time_limit(
     kube: AsyncClient, sched_bed: SchedBed
 ) -> None:
     """An allocation ends at its time limit with nothing to wait for: the pod is
-    evicted its grace period before, and the job is ended once the pod is gone,
+    evicted its grace period (and a margin) before, and the job is ended once the pod is gone,
     never by the limit (TIMEOUT) while the pod may still run."""
     sb = sched_bed
     grace = 8
@@ -801,7 +806,7 @@ async def test_a_pod_stops_its_grace_period_before_its_time_limit(
         await wait_for("the pod to be evicted before the time limit", evicted, timeout=75)
         took = asyncio.get_running_loop().time() - started
         print(f"bound → evicted for the time limit in {took:.1f}s (limit 60 s, grace {grace} s)")
-        assert took < 60 - grace + 5
+        assert took < 60 - grace - STOP_MARGIN + 3
         assert any("time limit" in (e.message or "") for e in await events_for(kube, sb, "timed"))
         await wait_for("the pod to be gone", lambda: pod_gone(kube, sb, "timed"), timeout=30)
         # Gone: the scheduler ends the job before Slurm's limit would.

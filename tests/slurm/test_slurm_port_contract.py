@@ -59,6 +59,7 @@ from sunk.testbed.procs import Supervisor, free_port
 from sunk.testbed.slurm import (
     DYNAMIC_FEATURE,
     PARTITION,
+    PLAIN_UID,
     SlurmAccess,
     SlurmCluster,
     ensure_rootfs,
@@ -469,6 +470,48 @@ async def test_submit_read_update_signal_cancel(slurm: SlurmClient, bed: Bed) ->
     assert await slurm.job(999_999) is None
     with pytest.raises(SlurmNotFoundError):
         await slurm.update_job(999_999, JobUpdate(comment="x"))
+
+
+async def test_a_token_naming_a_uid_acts_as_that_user(slurm: SlurmClient, bed: Bed) -> None:
+    """What the scheduler's per-tenant tokens rest on: a token whose user is a
+    uid slurmctld knows acts as that user, an allocation asked with it runs as
+    that user, and the user may end it."""
+    tenant = slurm.acting_as(JwtMinter(FileKey(bed.access.jwt_key), str(PLAIN_UID)))
+    others = await slurm.submit(sleeper())  # root's
+
+    async def running() -> bool:
+        job = await slurm.job(others.job_id)
+        return job is not None and job.state == "RUNNING"
+
+    # A pending job of higher priority would refuse the allocation (2013).
+    await eventually("root's job running", running, timeout=45)
+
+    async def allocated() -> int | None:
+        try:
+            return (await tenant.allocate(sleeper(script=None, immediate=True))).job_id
+        except SlurmApiError as refused:
+            if refused.errno != 2016:  # not "nodes busy" (another test's job, for a moment)
+                raise
+            return None
+
+    try:
+        job_id = await eventually("an immediate allocation", allocated, timeout=45)
+        job = await slurm.job(job_id)
+        assert job is not None
+        assert (job.user_id, job.user_name, job.state) == (
+            PLAIN_UID,
+            bed.access.plain_user,
+            "RUNNING",
+        )
+        # Not tried here: the tenant cancelling root's job. Slurm refuses it
+        # (EPERM), but on 24.11 and 26.05 slurmctld then stops answering job
+        # reads (squeue times out): a REST cancel must only ever name a job of
+        # the token's own user (docs/slurm-port.md).
+        await tenant.cancel(job_id)
+        job = await slurm.job(job_id)
+        assert job is None or job.state == "CANCELLED"
+    finally:
+        await slurm.cancel(others.job_id)
 
 
 async def test_a_rejected_submission_carries_slurms_reason(slurm: SlurmClient) -> None:

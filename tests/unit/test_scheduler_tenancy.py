@@ -24,6 +24,7 @@ def test_a_tenancy_grants_its_namespaces() -> None:
     assert not grant.allows_gid(5000)  # no gids granted: the user's own group only
     assert tenancy.grant_for("team-b") is None
     assert parse_tenancy("", "cm").tenants == []  # an empty ConfigMap serves no one
+    assert tenancy.uids() == list(range(5000, 5100))  # each gets a token from `sunk tokens`
 
 
 @pytest.mark.parametrize(
@@ -41,6 +42,11 @@ def test_a_tenancy_grants_its_namespaces() -> None:
             "namespace a is listed by two tenants",
         ),
         ("tenants: [", "not YAML"),
+        (
+            "tenants: [{namespaces: [a], uids: '5000-6999', user: 5000},"
+            " {namespaces: [b], uids: '7000', user: 7000}]",
+            "2001 uids granted in all; at most 2000",
+        ),
     ],
 )
 def test_an_invalid_tenancy_names_the_field(text: str, error: str) -> None:

@@ -91,11 +91,20 @@ spec:
           {{- end }}
           volumeMounts:
             - {name: token, mountPath: /var/run/sunk/token, readOnly: true}
+            {{- if .tenantTokens }}
+            - {name: tenant-tokens, mountPath: /var/run/sunk/tenant-tokens, readOnly: true}
+            {{- end }}
       volumes:
         - name: token
           secret:
             secretName: {{ $name }}-token
             defaultMode: 0440
+        {{- if .tenantTokens }}
+        - name: tenant-tokens
+          secret:
+            secretName: {{ $name }}-tenant-tokens
+            defaultMode: 0440
+        {{- end }}
 ---
 apiVersion: v1
 kind: ServiceAccount

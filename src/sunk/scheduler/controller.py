@@ -16,8 +16,10 @@ now, and moves them one step towards agreement:
 - job ended (cancelled, timed out, preempted) → evict the pods;
 - pods gone or finished → cancel the job.
 
-Two kinds of job, because each is fast where the other is not (a tenant's
-job, which runs as a uid of its own, is always a placeholder: see `_place`):
+Every job is the tenant's: submitted, signalled and cancelled with a token for
+the tenant's uid (`TenantCredentials`), so the scheduler's own Slurm user
+needs no right to act for another. Two kinds of job, because each is fast
+where the other is not:
 - an immediate allocation (`POST /job/allocate`, `salloc --immediate`):
   slurmctld places it within the request, or refuses it at once; a batch job
   would wait for the next scheduling pass (a whole second at best);
@@ -66,7 +68,8 @@ from sunk.scheduler.request import (
     namespace_of_key,
 )
 from sunk.scheduler.seal import JobSeal
-from sunk.scheduler.tenancy import Tenancy
+from sunk.scheduler.tenancy import MIN_ID, Tenancy
+from sunk.slurm.auth import TenantCredentials
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import (
     SlurmApiError,
@@ -94,6 +97,13 @@ INVALID_RETRY = 60.0
 # After a submit that may or may not have been taken, look again this late
 # (more than slurmrestd's MessageTimeout-bound wait) before submitting anew.
 UNCERTAIN_WAIT = 15.0
+# A pod told to stop for its job's time limit is gone its grace period plus
+# this before the limit: the kubelet's kill and report, the pod's removal and
+# the job's cancel take seconds on a busy node (at 1 s, Slurm's limit ended a
+# job first, TIMEOUT, in one CI run).
+STOP_MARGIN = 5.0
+# A tenant's token not there yet (its uid just granted): looked for again after this.
+TOKEN_RETRY = 5.0
 # A job this process submitted is waited for this long to appear in the view
 # before it is read directly.
 UNSEEN_WAIT = 5.0
@@ -162,14 +172,14 @@ def _time_to_stop(job: Job, pods: Sequence[Pod], now: float) -> float | None:
 
     A preempted job runs on for its GraceTime, then ends: the pods go at once,
     and the scheduler cancels the job as soon as they are gone. A time limit
-    ends the job: the pods go their grace period before it.
+    ends the job: the pods go their grace period, and STOP_MARGIN, before it.
     """
     if job.preempt_time:
         return 0.0
     if job.time_limit is None or not job.end_time:
         return None
     grace = max((grace_seconds(p) for p in pods), default=0)
-    return max(0.0, job.end_time - grace - now)
+    return max(0.0, job.end_time - grace - STOP_MARGIN - now)
 
 
 class RecentIds:
@@ -201,6 +211,7 @@ class Scheduler:
         *,
         seal: JobSeal,
         tenancy: Callable[[], Tenancy],
+        tenants: TenantCredentials,
         tenancy_source: str = "the scheduler's tenancy",
         options: Options | None = None,
         scheduler_name: str = SCHEDULER_NAME,
@@ -217,6 +228,7 @@ class Scheduler:
         self._view = view
         self._seal = seal
         self._tenancy = tenancy  # read at each submit: a change applies to the next pod
+        self._tenants = tenants
         self._tenancy_source = tenancy_source
         self._namespace = namespace
         self._workers = workers
@@ -543,8 +555,16 @@ class Scheduler:
             self._reindex_jobs()
             self.queue.add(key)
             return None
+        slurm = self._as_owner(spec.user_id)
         try:
-            result, allocated = await self._place(spec)
+            await slurm.credentials.token()
+        except (OSError, ValueError) as exc:
+            # A uid granted a moment ago: `sunk tokens` writes its token at
+            # once, and the kubelet brings it to this pod within a minute.
+            await self._pending(pods, f"no Slurm token for uid {spec.user_id} yet: {exc}")
+            return Result(requeue_after=TOKEN_RETRY)
+        try:
+            result, allocated = await self._place(slurm, spec)
         except SlurmUnavailableError as exc:
             if exc.maybe_applied:
                 self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
@@ -574,25 +594,26 @@ class Scheduler:
             await self._bind(key, pods, result.job_id, job)
         return None
 
-    async def _place(self, spec: JobSpec) -> tuple[SubmitResult, bool]:
-        """An allocation if Slurm can start one now (True), else a batch placeholder.
+    def _as_owner(self, uid: int | None) -> SlurmClient:
+        """The client that acts as a job's owner, the tenant's uid: an allocation
+        runs as the token's user, whatever `user_id` says (measured on 24.11),
+        and only the owner's token may end a job."""
+        if uid is None or uid < MIN_ID:
+            return self._slurm
+        return self._slurm.acting_as(self._tenants.for_uid(uid))
 
-        Only a job of the scheduler's own Slurm user can be an allocation:
-        slurmrestd's `job/allocate` runs it as the token's user whatever
-        `user_id` says (measured on 24.11), so a tenant's job is always a
-        placeholder, which Slurm runs as the uid it names."""
-        if spec.user_id is not None:
-            return await self._slurm.submit(spec), False
+    async def _place(self, slurm: SlurmClient, spec: JobSpec) -> tuple[SubmitResult, bool]:
+        """An allocation if Slurm can start one now (True), else a batch placeholder."""
         try:
             allocation = spec.model_copy(update={"script": None, "immediate": True})
-            return await self._slurm.allocate(allocation), True
+            return await slurm.allocate(allocation), True
         except SlurmApiError as exc:
             if exc.transient:
                 raise
             # Busy nodes, a higher-priority job waiting, or a bad request: the
             # batch job queues, or is refused with Slurm's own message.
             log.debug("no immediate allocation (%s): queueing a batch placeholder", exc)
-        return await self._slurm.submit(spec), False
+        return await slurm.submit(spec), False
 
     async def _tolerate_lock(self, pod: Pod, job_id: int) -> None:
         """Let the pod stay on a node Slurm locked for its job (the syncer's taint), and
@@ -704,17 +725,29 @@ class Scheduler:
             return
         log.info("cancel job %d (%s): %s", job_id, key, why)
         self.metrics.cancels.inc()
-        with contextlib.suppress(SlurmNotFoundError):
-            if job is not None and job.batch_flag and job.state == "RUNNING":
-                await self._release(job_id)
-            await self._slurm.cancel(job_id)
+        assert job is not None  # an active job was read
+        if job.user_id is None or job.user_id < MIN_ID:
+            # Never a cancel in another user's name: Slurm refuses it, and
+            # slurmctld then stops answering job reads (docs/slurm-port.md).
+            log.warning("cannot end job %d: it is not a tenant's (uid %s)", job_id, job.user_id)
+            return
+        slurm = self._as_owner(job.user_id)
+        try:
+            with contextlib.suppress(SlurmNotFoundError):
+                if job.batch_flag and job.state == "RUNNING":
+                    await self._release(slurm, job_id)
+                await slurm.cancel(job_id)
+        except (OSError, ValueError) as exc:
+            # Its uid is no longer granted: the scheduler may not act as it.
+            log.warning("cannot end job %d: no Slurm token for its user (%s)", job_id, exc)
+            return
         self._view.poll_now()
 
-    async def _release(self, job_id: int) -> None:
+    async def _release(self, slurm: SlurmClient, job_id: int) -> None:
         """A placeholder ends at once on SIGUSR1; a plain cancel would hold the
         node for KillWait (it ignores SIGTERM on purpose)."""
         try:
-            await self._slurm.signal(job_id, "SIGUSR1", full=True)
+            await slurm.signal(job_id, "SIGUSR1", full=True)
         except SlurmApiError as exc:
             log.warning("could not signal job %d (%s): it ends after KillWait", job_id, exc)
 

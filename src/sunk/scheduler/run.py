@@ -7,34 +7,31 @@ import base64
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Secret
+from lightkube.resources.core_v1 import Secret
 from prometheus_client import start_http_server
 
 from sunk.kube.client import kube_client
-from sunk.kube.events import EventRecorder
-from sunk.kube.informer import Informer
 from sunk.kube.leader import LeaderElector
 from sunk.kube.retry import until_answered
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import SCHEDULER_NAME, Options
 from sunk.scheduler.seal import JobSeal, new_secret
-from sunk.scheduler.tenancy import Tenancy, TenancyError, parse_tenancy
+from sunk.scheduler.tenancy_watch import TenancyWatch
 from sunk.service import run_until_terminated
-from sunk.slurm.auth import slurm_credentials
+from sunk.slurm.auth import slurm_credentials, tenant_credentials
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 
 log = logging.getLogger(__name__)
 
 SEAL_KEY = "seal"
-TENANCY_KEY = "tenancy.yaml"
 # Full job listings grow with the queue (seconds at thousands of jobs on a
 # loaded slurmrestd): a slow read is not an outage.
 VIEW_STALE_AFTER = 15.0
@@ -47,7 +44,10 @@ class SchedulerConfig:
     slurmrestd_url: str
     jwt_key_file: Path | None  # mint tokens for slurm_user from the key, or
     jwt_token_file: Path | None  # read the tokens `sunk tokens` mints (one of the two)
-    slurm_user: str = "slurm"  # submitting as another user (user-id annotation) needs an admin
+    slurm_user: str = "slurm"  # its own user: reads jobs and nodes
+    # The tokens `sunk tokens` keeps for each granted uid (a mounted Secret); without
+    # it, they are minted from jwt_key_file.
+    tenant_tokens_dir: Path | None = None
     kubeconfig: Path | None = None
     scheduler_name: str = SCHEDULER_NAME
     namespace: str | None = None  # pods of one namespace; None: every namespace
@@ -65,62 +65,6 @@ class SchedulerConfig:
     seal_secret_name: str = "sunk-scheduler-seal"  # noqa: S105 - a name, not a secret
     # The ConfigMap (in lease_namespace) with the tenancy, key `tenancy.yaml`.
     tenancy_configmap: str = "sunk-scheduler-tenancy"
-
-
-class TenancyWatch:
-    """The tenancy ConfigMap, kept current. An invalid edit is logged and told
-    as an Event on the ConfigMap, and the last valid tenancy stays: a typo must
-    not stop every tenant. A missing ConfigMap serves no namespace."""
-
-    def __init__(self, kube: AsyncClient, namespace: str, name: str) -> None:
-        self.source = f"ConfigMap {namespace}/{name}"
-        self._key = f"{namespace}/{name}"
-        self._informer: Informer[ConfigMap] = Informer(
-            kube, ConfigMap, namespace=namespace, fields={"metadata.name": name}
-        )
-        self._events = EventRecorder(kube, "sunk-scheduler")
-        self._tenancy = Tenancy()
-        self._loaded = ""  # the resourceVersion read last
-        self._changed = asyncio.Event()
-        self._informer.subscribe(lambda _: self._changed.set())
-        self.ready = asyncio.Event()
-        self.on_change: Callable[[], None] = lambda: None
-
-    def current(self) -> Tenancy:
-        return self._tenancy
-
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._informer.run())
-            await self._informer.synced.wait()
-            while True:
-                self._changed.clear()
-                await self._load()
-                self.ready.set()
-                await self._changed.wait()
-
-    async def _load(self) -> None:
-        configmap = self._informer.get(self._key)
-        version = configmap.metadata.resourceVersion if configmap and configmap.metadata else ""
-        if version == self._loaded:
-            return
-        self._loaded = version or ""
-        if configmap is None:
-            self._tenancy = Tenancy()
-            log.warning("%s does not exist: no namespace is served", self.source)
-        else:
-            text = (configmap.data or {}).get(TENANCY_KEY, "")
-            try:
-                self._tenancy = parse_tenancy(text, self.source)
-            except TenancyError as error:
-                log.error("%s; the tenancy read before stays", error)
-                await self._events.emit(
-                    configmap, "InvalidTenancy", str(error), action="Validate", type_="Warning"
-                )
-                return
-            namespaces = sum(len(g.namespaces) for g in self._tenancy.tenants)
-            log.info("%s: %d namespaces served", self.source, namespaces)
-        self.on_change()
 
 
 async def job_seal_secret(kube: AsyncClient, namespace: str, name: str) -> bytes:
@@ -159,6 +103,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
         start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, config.scheduler_name)
     credentials = slurm_credentials(config.jwt_key_file, config.jwt_token_file, config.slurm_user)
+    tenants = tenant_credentials(config.jwt_key_file, config.tenant_tokens_dir)
     options = Options(
         partition=config.partition,
         constraint=config.constraint,
@@ -192,6 +137,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
                 view,
                 seal=seal,
                 tenancy=tenancy.current,
+                tenants=tenants,
                 tenancy_source=tenancy.source,
                 options=options,
                 scheduler_name=config.scheduler_name,

@@ -16,7 +16,8 @@ ConfigMap, see docs/security.md) grants each namespace what it may use:
         reservations: []
 
 A namespace no tenant lists is not served. Uids and gids below 1000 (root,
-system accounts, SlurmUser) are never granted. A refusal names the rule.
+system accounts, SlurmUser) are never granted, and at most 2,000 uids in all
+(each has a Slurm token of its own). A refusal names the rule.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MIN_ID = 1000  # below: root, system users and groups, SlurmUser
+# `sunk tokens` keeps a Slurm token for every granted uid in one Secret (the
+# scheduler acts as each tenant with its own); at ~200 bytes a token, this
+# many stay well under a Secret's 1 MiB.
+MAX_GRANTED_UIDS = 2000
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -79,6 +84,10 @@ class Grant(BaseModel):
         low, high = _id_range(self.uids)
         return low <= uid <= high
 
+    def granted_uids(self) -> range:
+        low, high = _id_range(self.uids)
+        return range(low, high + 1)
+
     def allows_gid(self, gid: int) -> bool:
         if self.gids is None:
             return False
@@ -110,7 +119,16 @@ class Tenancy(BaseModel):
                 if namespace in seen:
                     raise ValueError(f"namespace {namespace} is listed by two tenants")
                 seen.add(namespace)
+        if (count := len(self.uids())) > MAX_GRANTED_UIDS:
+            raise ValueError(
+                f"{count} uids granted in all; at most {MAX_GRANTED_UIDS}"
+                " (each gets a Slurm token of its own, kept in one Secret)"
+            )
         return self
+
+    def uids(self) -> list[int]:
+        """Every granted uid, once, in order."""
+        return sorted({uid for grant in self.tenants for uid in grant.granted_uids()})
 
     def grant_for(self, namespace: str) -> Grant | None:
         return next((g for g in self.tenants if namespace in g.namespaces), None)

@@ -197,6 +197,53 @@ def slurm_credentials(key_file: Path | None, token_file: Path | None, user: str)
     return JwtMinter(FileKey(key_file), user)
 
 
+class TenantCredentials(Protocol):
+    """Credentials to act as a uid in Slurm: the scheduler submits, signals and
+    cancels each tenant's jobs as the tenant, so its own user needs no right to
+    act for another."""
+
+    def for_uid(self, uid: int) -> Credentials: ...
+
+
+class TenantTokenFiles:
+    """The tokens `sunk tokens` keeps for every granted uid, one file per uid
+    (a mounted Secret, key = the uid). A uid granted a moment ago may have no
+    file yet: its `token()` raises FileNotFoundError until the kubelet brings it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: dict[int, FileToken] = {}
+
+    def for_uid(self, uid: int) -> Credentials:
+        if uid not in self._files:
+            self._files[uid] = FileToken(self.directory / str(uid))
+        return self._files[uid]
+
+
+class TenantMinter:
+    """Tokens for any uid, minted from the cluster's key: for the test beds'
+    components, which hold the key (in a cluster, only `sunk tokens` does)."""
+
+    def __init__(self, keys: KeySource) -> None:
+        self._keys = keys
+        self._minters: dict[int, JwtMinter] = {}
+
+    def for_uid(self, uid: int) -> Credentials:
+        if uid not in self._minters:
+            self._minters[uid] = JwtMinter(self._keys, str(uid))
+        return self._minters[uid]
+
+
+def tenant_credentials(key_file: Path | None, tokens_dir: Path | None) -> TenantCredentials:
+    """How the scheduler acts as each tenant: the tokens `sunk tokens` keeps for
+    every granted uid, or tokens minted from the cluster's key (test beds)."""
+    if tokens_dir is not None:
+        return TenantTokenFiles(tokens_dir)
+    if key_file is not None:
+        return TenantMinter(FileKey(key_file))
+    raise ValueError("the scheduler acts as each tenant: give the tenant tokens' directory")
+
+
 class StaticToken:
     """A token made elsewhere (e.g. `scontrol token`); cannot be renewed."""
 

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import random
 import re
@@ -247,6 +248,14 @@ class SlurmClient:
 
     def __repr__(self) -> str:
         return f"SlurmClient({self.base_url!r}, user={self.credentials.user!r})"
+
+    def acting_as(self, credentials: Credentials) -> SlurmClient:
+        """This client's connections, limits and negotiated version with another
+        user's credentials (the scheduler acting as a tenant). The copy shares
+        this client's connections: close this one, not the copy."""
+        other = copy.copy(self)
+        other.credentials = credentials
+        return other
 
     async def __aenter__(self) -> SlurmClient:
         return self

@@ -305,7 +305,7 @@ class JobSpec(_Model):
     # would block slurmrestd's request until it starts.
     immediate: bool = False
     requeue: bool | None = None
-    user_id: int | None = None  # submit as this uid (needs an admin token)
+    user_id: int | None = None  # run as this uid: the token's own, or any with an admin's
     group_id: int | None = None
     current_working_directory: str = "/tmp"  # noqa: S108 - slurmrestd needs one
     environment: tuple[str, ...] = ("PATH=/usr/bin:/bin",)  # ... and this (2019 otherwise)

@@ -9,16 +9,23 @@ grant's Slurm user, valid for `lifetime` seconds, into the grant's Secret
 changed Secret to the pod within about a minute) and reads it with
 `FileToken`. A component's leaked token is good for an hour at most and names
 one user.
+
+The scheduler acts in Slurm as each pod's tenant, not as a user who may act
+for others: for every uid the tenancy grants (the admin's ConfigMap, watched),
+a token lives in one more Secret, keyed by uid, which the scheduler mounts. A
+newly granted uid gets its token at once; a revoked one loses it at the next
+write, and what was minted expires within `lifetime`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +35,7 @@ from lightkube.resources.core_v1 import Secret, ServiceAccount
 
 from sunk.kube.client import kube_client
 from sunk.kube.retry import until_answered
+from sunk.scheduler.tenancy_watch import TenancyWatch
 from sunk.slurm.auth import FileKey, KeySource, mint
 
 log = logging.getLogger(__name__)
@@ -53,17 +61,18 @@ class TokenGrant:
 
 
 def token_secret(
-    grant: TokenGrant, namespace: str, token: str, owner: OwnerReference | None = None
+    name: str, namespace: str, tokens: Mapping[str, str], owner: OwnerReference | None = None
 ) -> Secret:
+    """A Secret of tokens by key (`token`, or a tenant's uid)."""
     return Secret(
         metadata=ObjectMeta(
-            name=grant.secret,
+            name=name,
             namespace=namespace,
             labels=dict(LABELS),
             ownerReferences=[owner] if owner else None,
         ),
         type="Opaque",
-        data={TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        data={key: base64.b64encode(value.encode()).decode() for key, value in tokens.items()},
     )
 
 
@@ -90,13 +99,41 @@ async def write_token(
 ) -> None:
     """One fresh token into the grant's Secret, created if missing."""
     token = mint(await keys.key(), grant.user, lifetime, time.time())
-    secret = token_secret(grant, namespace, token.value, owner)
+    await _put(kube, token_secret(grant.secret, namespace, {TOKEN_KEY: token.value}, owner))
+
+
+async def write_tenant_tokens(
+    kube: AsyncClient,
+    namespace: str,
+    secret: str,
+    uids: Sequence[int],
+    keys: KeySource,
+    lifetime: float,
+    owner: OwnerReference | None = None,
+) -> None:
+    """A fresh token for each granted uid (named by the uid: slurmctld looks the
+    number up) into one Secret, keyed by uid; a uid no longer granted is gone."""
+    key, now = await keys.key(), time.time()
+    tokens = {str(uid): mint(key, str(uid), lifetime, now).value for uid in uids}
+    await _put(kube, token_secret(secret, namespace, tokens, owner))
+
+
+async def _put(kube: AsyncClient, secret: Secret) -> None:
+    """Replace whatever is there (nothing else writes these Secrets), or create."""
     try:
         await kube.replace(secret)
     except ApiError as error:
         if error.status.code != 404:
             raise
         await kube.create(secret)
+
+
+@dataclass(frozen=True)
+class TenantTokens:
+    """Where the tenants' tokens go, and the tenancy that grants their uids."""
+
+    secret: str
+    tenancy: TenancyWatch
 
 
 async def run_tokens(
@@ -108,18 +145,49 @@ async def run_tokens(
     lifetime: float = 3600.0,
     refresh: float = 600.0,
     owner: OwnerReference | None = None,
+    tenants: TenantTokens | None = None,
 ) -> None:
-    """Every `refresh` seconds, a fresh token in every grant's Secret; forever."""
+    """Every `refresh` seconds, and at once when the tenancy changes, a fresh
+    token in every grant's Secret and for every granted uid; forever."""
     if refresh * 2 >= lifetime:
         raise ValueError("refresh must be under half the lifetime: tokens must outlive delays")
-    while True:
-        for grant in grants:
-            await until_answered(
-                f"writing Secret {namespace}/{grant.secret}",
-                functools.partial(write_token, kube, namespace, grant, keys, lifetime, owner),
+    changed = asyncio.Event()
+    async with asyncio.TaskGroup() as group:
+        if tenants is not None:
+            tenants.tenancy.on_change = changed.set
+            group.create_task(tenants.tenancy.run())
+            await tenants.tenancy.ready.wait()
+        while True:
+            changed.clear()
+            for grant in grants:
+                await until_answered(
+                    f"writing Secret {namespace}/{grant.secret}",
+                    functools.partial(write_token, kube, namespace, grant, keys, lifetime, owner),
+                )
+            uids: list[int] = []
+            if tenants is not None:
+                uids = tenants.tenancy.current().uids()
+                await until_answered(
+                    f"writing Secret {namespace}/{tenants.secret}",
+                    functools.partial(
+                        write_tenant_tokens,
+                        kube,
+                        namespace,
+                        tenants.secret,
+                        uids,
+                        keys,
+                        lifetime,
+                        owner,
+                    ),
+                )
+            log.info(
+                "tokens for %d grants and %d tenant uids written; next in %.0fs",
+                len(grants),
+                len(uids),
+                refresh,
             )
-        log.info("tokens for %d grants written; next in %.0fs", len(grants), refresh)
-        await asyncio.sleep(refresh)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), refresh)
 
 
 async def main(
@@ -130,6 +198,8 @@ async def main(
     lifetime: float,
     refresh: float,
     owner_service_account: str | None,
+    tenant_secret: str | None = None,
+    tenancy_configmap: str | None = None,
 ) -> None:
     kube = kube_client(kubeconfig, "sunk-tokens")
     try:
@@ -141,8 +211,20 @@ async def main(
                 lambda: owner_of_tokens(kube, namespace, account),
             )
         keys = FileKey(key_file)
+        tenants = None
+        if tenant_secret and tenancy_configmap:
+            # The scheduler reports an invalid edit; here it is only logged.
+            watch = TenancyWatch(kube, namespace, tenancy_configmap, report_invalid=False)
+            tenants = TenantTokens(tenant_secret, watch)
         await run_tokens(
-            kube, namespace, grants, keys, lifetime=lifetime, refresh=refresh, owner=owner
+            kube,
+            namespace,
+            grants,
+            keys,
+            lifetime=lifetime,
+            refresh=refresh,
+            owner=owner,
+            tenants=tenants,
         )
     finally:
         await kube.close()
