@@ -3,7 +3,7 @@
 Stand-ins, named in every benchmark's output (`STAND_INS`):
 
 - **Kubernetes nodes: KWOK (simulated).** The `kwok` controller (sigs.k8s.io/kwok,
-  built by `sunk.testbed.nodes.ensure_node_binaries`) runs against the bed's
+  built by `sunk_testbed.nodes.ensure_node_binaries`) runs against the bed's
   own control plane (etcd, kube-apiserver, kube-controller-manager,
   kube-scheduler, all real) and manages the Node objects the bed creates with
   the annotation `kwok.x-k8s.io/node: fake`: it makes them Ready, renews their
@@ -49,11 +49,11 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
-from sunk.testbed import kube as testbed_kube
-from sunk.testbed.kube import KubeAccess, KubeControlPlane, async_client
-from sunk.testbed.nodes import ensure_node_binaries
-from sunk.testbed.procs import Supervisor, free_port, port_open
-from sunk.testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
+from sunk_testbed import kube as testbed_kube
+from sunk_testbed.kube import KubeAccess, KubeControlPlane, async_client
+from sunk_testbed.nodes import ensure_node_binaries
+from sunk_testbed.procs import Supervisor, free_port, port_open
+from sunk_testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
 
 STAND_INS = (
     "Kubernetes nodes: KWOK (simulated); slurmd: real processes started by the bench, one per pod"

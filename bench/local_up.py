@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sunk.testbed.bed import Bed
+from sunk_testbed.bed import Bed
 
 
 def sunk(*args: str) -> subprocess.CompletedProcess[str]:

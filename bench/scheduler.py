@@ -48,9 +48,9 @@ from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, 
 from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
-from sunk.testbed.procs import free_port
-from sunk.testbed.slurm import SlurmCluster
-from sunk.testbed.slurmpods import owned, standing_nodeset
+from sunk_testbed.procs import free_port
+from sunk_testbed.slurm import SlurmCluster
+from sunk_testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"
 NODESET_NAMESPACE = "bench-nodeset"

@@ -1,6 +1,6 @@
 """Benchmark of sunk.slurm against a real Slurm with thousands of nodes.
 
-Starts a private test bed whose slurm.conf (rendered by sunk.slurm.conf)
+Starts a private test bed whose slurm.conf (rendered by sunk_testbed.slurm_conf)
 defines N extra nodes `sim[00001-N]` in State=CLOUD (powered down, listed
 with PrivateData=cloud): they never register and slurmctld does not ping
 them, so the cluster is as quiet as a healthy one, yet they are listed like
@@ -30,7 +30,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sunk.slurm import FileKey, JwtMinter, NodeEvent, SlurmClient, SlurmView
-from sunk.slurm.conf import (
+from sunk.slurm.hostlist import compress
+from sunk_testbed.procs import Supervisor
+from sunk_testbed.slurm import (
+    CONTROLLER_HOST,
+    SANDBOX_SETTINGS,
+    ConfLayout,
+    SlurmCluster,
+    ensure_rootfs,
+)
+from sunk_testbed.slurm_conf import (
     Auth,
     ClusterSpec,
     Controller,
@@ -39,15 +48,6 @@ from sunk.slurm.conf import (
     Partition,
     Scheduler,
     render_slurm_conf,
-)
-from sunk.slurm.hostlist import compress
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import (
-    CONTROLLER_HOST,
-    SANDBOX_SETTINGS,
-    ConfLayout,
-    SlurmCluster,
-    ensure_rootfs,
 )
 
 BED_SETTINGS: dict[str, str | int] = {

@@ -30,8 +30,8 @@ from kwok_bed import proc_stats
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import JobSpec
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk_testbed.procs import Supervisor
+from sunk_testbed.slurm import SlurmCluster, ensure_rootfs
 
 PARTITION = "bench"
 

@@ -49,7 +49,7 @@ from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import SlurmApiError
 from sunk.slurm.hostlist import compress
-from sunk.testbed.slurmpods import owned, standing_nodeset
+from sunk_testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"
 ADMIN_REASON = "bench: admin drain"

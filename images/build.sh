@@ -5,7 +5,7 @@
 #   images/build.sh [REGISTRY] [TAG_SLURM] [TAG_SUNK]
 #
 # The test bed builds the same Dockerfiles without Docker or Docker Hub (a
-# debootstrapped base, buildah, a local registry): python -m sunk.testbed.images
+# debootstrapped base, buildah, a local registry): python -m sunk_testbed.images
 set -euo pipefail
 cd "$(dirname "$0")/.."
 registry=${1:-ghcr.io/sunk-dev} slurm_tag=${2:-24.11} sunk_tag=${3:-0.1.0}

@@ -10,7 +10,7 @@ say() { printf '[bootstrap] %s\n' "$*" >&2; }
 # Debian packages: debootstrap builds the Slurm root filesystem; iproute2 and
 # util-linux give the namespaces the test bed and the local nodes run in;
 # buildah, runc, skopeo, umoci and docker-registry build, check and serve the
-# container images (sunk.testbed.images).
+# container images (sunk_testbed.images).
 need=()
 for pkg in debootstrap iproute2 util-linux ca-certificates curl python3-venv \
   buildah runc skopeo umoci docker-registry; do

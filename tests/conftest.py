@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sunk.testbed.procs import Supervisor
+from sunk_testbed.procs import Supervisor
 
 pytest_plugins = ["plugins.kube", "plugins.slurm", "plugins.nodes", "plugins.loopwatch"]
 

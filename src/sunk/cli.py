@@ -14,7 +14,7 @@ from rich.console import Console
 
 from sunk import __version__
 from sunk.service import run_until_terminated
-from sunk.testbed.paths import default_state_dir
+from sunk_testbed.paths import default_state_dir
 
 app = typer.Typer(help="sunk: Slurm on Kubernetes.", no_args_is_help=True)
 local = typer.Typer(help="A local cluster on this machine: real Kubernetes, real Slurm.")
@@ -340,7 +340,7 @@ def scheduler(
 def testbed_prepare() -> None:
     """Build or reuse the cached Kubernetes binaries and Slurm root filesystem."""
     _require_root()
-    from sunk.testbed.bed import Bed
+    from sunk_testbed.bed import Bed
 
     prepared = Bed(default_state_dir()).prepare(_log)
     kind = "cold" if prepared.cold else "warm"
@@ -353,7 +353,7 @@ def local_up(state: StateOption = None) -> None:
     """Start the local cluster (idempotent): control plane, nodes, both charts; then wait
     until Slurm is usable and print how to use it."""
     _require_root()
-    from sunk.testbed.bed import Bed
+    from sunk_testbed.bed import Bed
 
     started = time.monotonic()
     access = Bed(state or default_state_dir()).up(_log)
@@ -375,7 +375,7 @@ def local_up(state: StateOption = None) -> None:
 def local_down(state: StateOption = None) -> None:
     """Stop everything `sunk local up` started, and nothing else."""
     _require_root()
-    from sunk.testbed.bed import Bed
+    from sunk_testbed.bed import Bed
 
     Bed(state or default_state_dir()).down()
     _log("local cluster stopped")
@@ -384,7 +384,7 @@ def local_down(state: StateOption = None) -> None:
 @local.command("status")
 def local_status(state: StateOption = None) -> None:
     """Show which parts of the local cluster run."""
-    from sunk.testbed.bed import Bed
+    from sunk_testbed.bed import Bed
 
     state = state or default_state_dir()
     status = Bed(state).status()
@@ -409,8 +409,8 @@ def local_ssh(ctx: typer.Context, state: StateOption = None) -> None:
     """Log in to the local cluster's login pod over ssh (or run COMMAND there): sinfo,
     sbatch, srun, sacct… as its user, as on any Slurm cluster."""
     _require_root()
-    from sunk.testbed import charts
-    from sunk.testbed.bed import USER_NAME, Bed
+    from sunk_testbed import charts
+    from sunk_testbed.bed import USER_NAME, Bed
 
     bed = Bed(state or default_state_dir())
     try:

@@ -6,7 +6,7 @@
 #
 #   testbed/images/base.sh OUT_DIR SUITE
 #
-# sunk.testbed.images imports OUT_DIR/rootfs.tar into buildah's storage.
+# sunk_testbed.images imports OUT_DIR/rootfs.tar into buildah's storage.
 set -euo pipefail
 out=$1 suite=$2
 mirror=${SUNK_DEBIAN_MIRROR:-http://deb.debian.org/debian}

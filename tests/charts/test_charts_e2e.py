@@ -53,10 +53,10 @@ from lightkube.types import PatchType
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import node_states, restore_nodes
 from sunk.api import nodeset as nodeset_api
-from sunk.testbed import charts
-from sunk.testbed.helm import Helm, HelmError, ensure_helm
-from sunk.testbed.kube import KubeAccess
-from sunk.testbed.nodes import nodes_ready
+from sunk_testbed import charts
+from sunk_testbed.helm import Helm, HelmError, ensure_helm
+from sunk_testbed.kube import KubeAccess
+from sunk_testbed.nodes import nodes_ready
 
 pytestmark = pytest.mark.testbed
 RELEASE = "hpc"

@@ -25,7 +25,7 @@ from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
 from sunk.scheduler.tenancy import parse_tenancy
 from sunk.syncer.decide import LABEL_SLURM_BUSY
-from sunk.testbed.helm import CHARTS, Helm, HelmError, ensure_helm
+from sunk_testbed.helm import CHARTS, Helm, HelmError, ensure_helm
 
 pytestmark = pytest.mark.testbed
 

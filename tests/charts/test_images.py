@@ -8,8 +8,8 @@ import re
 import pytest
 import yaml
 
-from sunk.testbed.helm import CHARTS
-from sunk.testbed.paths import REPO_ROOT
+from sunk_testbed.helm import CHARTS
+from sunk_testbed.paths import REPO_ROOT
 
 IMAGES = REPO_ROOT / "images"
 INSTALL = "testbed/slurm/install-slurm.sh"

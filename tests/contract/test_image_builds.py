@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sunk.testbed.images import (
+from sunk_testbed.images import (
     REGISTRY_HOST,
     Image,
     ImageSet,
@@ -29,7 +29,7 @@ from sunk.testbed.images import (
     build_pause,
     ensure_images,
 )
-from sunk.testbed.procs import Supervisor
+from sunk_testbed.procs import Supervisor
 
 # A cold build debootstraps and installs Slurm and sunk's dependencies.
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(1800)]

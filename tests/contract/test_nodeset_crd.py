@@ -15,11 +15,11 @@ from lightkube.models.meta_v1 import ObjectMeta
 
 from sunk.api import nodeset as api
 from sunk.api.crd import POD_TEMPLATE_SCHEMA, pod_template_schema
-from sunk.api.generate import fetch_core_openapi
-from sunk.api.generate import pod_template_schema as generate_pod_template_schema
 from sunk.api.install import install_crds
 from sunk.nodeset.pods import NodeSetRef, build_pod, template_hash
-from sunk.testbed.kube import async_http_client
+from sunk_testbed.crd_schemas import fetch_core_openapi
+from sunk_testbed.crd_schemas import pod_template_schema as generate_pod_template_schema
+from sunk_testbed.kube import async_http_client
 
 pytestmark = pytest.mark.testbed
 
@@ -48,7 +48,7 @@ async def test_committed_pod_template_schema_matches_the_apiserver(kubeconfig: P
     """A Kubernetes upgrade that changes the pod API must regenerate the schema."""
     live = generate_pod_template_schema(await fetch_core_openapi(kubeconfig))
     assert live == pod_template_schema(), (
-        f"regenerate {POD_TEMPLATE_SCHEMA}: python -m sunk.api.generate KUBECONFIG"
+        f"regenerate {POD_TEMPLATE_SCHEMA}: python -m sunk_testbed.crd_schemas KUBECONFIG"
     )
 
 

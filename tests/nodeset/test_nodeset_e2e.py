@@ -38,8 +38,8 @@ from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk.testbed import slurmpods
-from sunk.testbed.slurm import SlurmCluster
+from sunk_testbed import slurmpods
+from sunk_testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.testbed
 NodeSet = api.resource()

@@ -24,8 +24,8 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 
-from sunk.testbed.kube import KubeAccess, KubeControlPlane, async_client
-from sunk.testbed.procs import Supervisor
+from sunk_testbed.kube import KubeAccess, KubeControlPlane, async_client
+from sunk_testbed.procs import Supervisor
 
 # Every namespace the tests create carries this label (to find leftovers).
 TEST_LABEL = "sunk.test/contract"

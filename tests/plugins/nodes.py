@@ -17,11 +17,11 @@ import pytest
 import pytest_asyncio
 from lightkube import AsyncClient
 
-from sunk.testbed import images
-from sunk.testbed.kube import KubeAccess, KubeControlPlane
-from sunk.testbed.nodes import KubeletNodes, NodeBed, NodeSpec, ensure_node_binaries
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.room import MachineRoom
+from sunk_testbed import images
+from sunk_testbed.kube import KubeAccess, KubeControlPlane
+from sunk_testbed.nodes import KubeletNodes, NodeBed, NodeSpec, ensure_node_binaries
+from sunk_testbed.procs import Supervisor
+from sunk_testbed.room import MachineRoom
 
 NODE_COUNT = 5  # the NodeSet and chart e2e tests need five
 NODE_PREFIX = "kn-"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
+from sunk_testbed.procs import Supervisor
+from sunk_testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
 
 SlurmCli = Callable[..., subprocess.CompletedProcess[str]]
 

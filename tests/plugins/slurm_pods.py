@@ -27,10 +27,10 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.types import PatchType
 
 from plugins.nodes import RealNodes
-from sunk.testbed import slurmpods
-from sunk.testbed.charts import wait_until
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk_testbed import slurmpods
+from sunk_testbed.charts import wait_until
+from sunk_testbed.procs import Supervisor
+from sunk_testbed.slurm import SlurmCluster, ensure_rootfs
 
 
 @dataclass

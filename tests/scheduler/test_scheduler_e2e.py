@@ -51,8 +51,8 @@ from sunk.slurm.auth import FileKey, JwtMinter, TenantMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import Job
 from sunk.slurm.view import SlurmView
-from sunk.testbed import slurmpods
-from sunk.testbed.slurm import SlurmCommandError
+from sunk_testbed import slurmpods
+from sunk_testbed.slurm import SlurmCommandError
 
 pytestmark = pytest.mark.testbed
 

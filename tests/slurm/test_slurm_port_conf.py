@@ -6,7 +6,7 @@ import pydantic
 import pytest
 import yaml
 
-from sunk.slurm.conf import (
+from sunk_testbed.slurm_conf import (
     ClusterSpec,
     ConfigError,
     Controller,

@@ -1,7 +1,7 @@
 """Rendered configs are accepted by a real slurmctld and slurmd, and mean what was asked.
 
 Each test starts a private 4-node bed whose slurm.conf, gres.conf and
-topology file are rendered by sunk.slurm.conf (the bed's `conf_writer`).
+topology file are rendered by sunk_testbed.slurm_conf (the bed's `conf_writer`).
 24.11 gets topology.conf (tree); 26.05 gets topology.yaml with a tree as the
 cluster default and a block topology used by one partition.
 """
@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from plugins.slurm import external_restd
-from sunk.slurm.conf import (
+from sunk_testbed.procs import Supervisor
+from sunk_testbed.slurm import (
+    CONTROLLER_HOST,
+    SANDBOX_SETTINGS,
+    ConfLayout,
+    SlurmCluster,
+    ensure_rootfs,
+)
+from sunk_testbed.slurm_conf import (
     Auth,
     ClusterSpec,
     Controller,
@@ -35,14 +43,6 @@ from sunk.slurm.conf import (
     render_topology_conf,
     render_topology_yaml,
     tree_from_labels,
-)
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import (
-    CONTROLLER_HOST,
-    SANDBOX_SETTINGS,
-    ConfLayout,
-    SlurmCluster,
-    ensure_rootfs,
 )
 
 pytestmark = pytest.mark.testbed

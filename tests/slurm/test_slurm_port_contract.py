@@ -55,8 +55,8 @@ from sunk.slurm import (
     ViewState,
 )
 from sunk.slurm.dialect import SUPPORTED_VERSIONS, version_key
-from sunk.testbed.procs import Supervisor, free_port
-from sunk.testbed.slurm import (
+from sunk_testbed.procs import Supervisor, free_port
+from sunk_testbed.slurm import (
     DYNAMIC_FEATURE,
     PARTITION,
     PLAIN_UID,

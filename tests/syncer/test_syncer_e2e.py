@@ -34,8 +34,8 @@ from sunk.syncer.decide import (
     CORDON_REASON_ANNOTATION,
     LABEL_SLURM_DRAIN,
 )
-from sunk.testbed import slurmpods
-from sunk.testbed.slurm import SlurmCluster
+from sunk_testbed import slurmpods
+from sunk_testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.testbed
 log = logging.getLogger(__name__)

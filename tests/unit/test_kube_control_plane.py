@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sunk.testbed.kube import KubeAccess, KubeControlPlane, Ports
-from sunk.testbed.procs import Supervisor
+from sunk_testbed.kube import KubeAccess, KubeControlPlane, Ports
+from sunk_testbed.procs import Supervisor
 
 
 def test_ports_are_distinct() -> None:

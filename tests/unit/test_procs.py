@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sunk.testbed.procs import StartError, Supervisor
+from sunk_testbed.procs import StartError, Supervisor
 
 
 def _alive(pid: int) -> bool:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sunk.testbed.sandbox import Bind, Sandbox, ids
-from sunk.testbed.slurm import rootfs_dir
+from sunk_testbed.sandbox import Bind, Sandbox, ids
+from sunk_testbed.slurm import rootfs_dir
 
 ROOTFS = rootfs_dir("trixie")
 

@@ -1,7 +1,7 @@
 """CustomResourceDefinitions, built from sunk's typed models.
 
 `nodeset_crd()` is a pure function of the models and of the pod template
-schema that `sunk.api.generate` took from a real apiserver (committed in
+schema that `sunk_testbed.crd_schemas` took from a real apiserver (committed in
 `sunk/api/k8s/`), so the CRD is reproducible and reviewable.
 """
 

@@ -4,7 +4,6 @@
 - `JwtMinter` & co.: short-lived tokens minted from the cluster's jwt key.
 - `SlurmView`: nodes and jobs cached in memory, kept current by incremental
   polling, with change events and an explicit stale state.
-- `sunk.slurm.conf`: slurm.conf, gres.conf and topology rendering.
 - `sunk.slurm.hostlist`: Slurm hostlist expressions.
 """
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from sunk.testbed.kube import build_log, build_once
-from sunk.testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
+from sunk_testbed.kube import build_log, build_once
+from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 
 HELM_VERSION = "v3.22.0"
 CHARTS = REPO_ROOT / "charts"

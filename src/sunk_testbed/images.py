@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sunk.testbed.kube import build_log, build_once, file_lock
-from sunk.testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
-from sunk.testbed.procs import Supervisor, free_port, tail
+from sunk_testbed.kube import build_log, build_once, file_lock
+from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
+from sunk_testbed.procs import Supervisor, free_port, tail
 
 # The name under which nodes reach the registry (each node's containerd maps
 # it to the bed's 127.0.0.1:PORT), so image refs do not carry a port.
@@ -409,7 +409,7 @@ class Registry:
     """Debian's `docker-registry` on <host>:<free port>, serving the image cache.
 
     The host is 127.0.0.1 for the build; a bed's nodes reach it at the host's
-    end of their room's link (`sunk.testbed.nodes`).
+    end of their room's link (`sunk_testbed.nodes`).
 
     Its config lives in `<state_dir>/<name>/`; the process is one of the bed's
     daemons (`Supervisor`), so `stop_all` and a later session stop it too.
@@ -566,7 +566,7 @@ def _temporary_registry(tmp: Path) -> Iterator[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sunk.testbed.images",
+        prog="python -m sunk_testbed.images",
         description="Build sunk's images with buildah and push them to the cache's registry.",
     )
     parser.add_argument("--coredns", type=Path, help="a static CoreDNS binary to package too")

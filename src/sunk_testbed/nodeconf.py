@@ -1,7 +1,7 @@
 """Configuration files of the test bed's real Kubernetes nodes, as pure functions.
 
 Each node has a containerd and a kubelet of its own; all nodes of a bed share
-one network namespace (the bed's "machine room", `sunk.testbed.nodes`) with a
+one network namespace (the bed's "machine room", `sunk_testbed.nodes`) with a
 bridge, one kube-proxy and the cluster DNS. Everything a node owns (cgroup
 root, directories, sockets, address, IP range) is named here from the node's
 index and its directory, so two nodes never share state.

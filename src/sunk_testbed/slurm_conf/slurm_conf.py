@@ -20,10 +20,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sunk.slurm.conf.check import check_slurm_conf
-from sunk.slurm.conf.keys import GLOBAL_KEYS, NODE_KEYS, PARTITION_KEYS
-from sunk.slurm.conf.problems import Problem, raise_if
 from sunk.slurm.hostlist import HostlistError, expand
+from sunk_testbed.slurm_conf.check import check_slurm_conf
+from sunk_testbed.slurm_conf.keys import GLOBAL_KEYS, NODE_KEYS, PARTITION_KEYS
+from sunk_testbed.slurm_conf.problems import Problem, raise_if
 
 Value = str | int
 

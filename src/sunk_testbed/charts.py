@@ -1,6 +1,6 @@
 """Both charts on the bed's nodes: what `sunk local up` and the chart tests share.
 
-Every pod runs from its image (`sunk.testbed.images`, served by the bed's
+Every pod runs from its image (`sunk_testbed.images`, served by the bed's
 registry) on a real kubelet, sunk's own components included. The values here
 turn off what the bed lacks (a mailer), use the bed's Slurm settings, put the
 users' homes on a host directory every node shares and the charts' volumes on
@@ -26,8 +26,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
-from sunk.testbed.images import Image, ImageSet
-from sunk.testbed.slurm import SANDBOX_SETTINGS
+from sunk_testbed.images import Image, ImageSet
+from sunk_testbed.slurm import SANDBOX_SETTINGS
 
 STORAGE_CLASS = "sunk-local"
 NODE_POOL_LABEL = "sunk.dev/pool"

@@ -2,7 +2,7 @@
 
 `sunk local up` goes through `Bed`: it builds or reuses the caches (Kubernetes,
 the node binaries, helm, the images), starts the control plane, then real
-nodes (a kubelet and a containerd each, `sunk.testbed.nodes`) that pull the
+nodes (a kubelet and a containerd each, `sunk_testbed.nodes`) that pull the
 images from the bed's registry, installs the sunk-cluster and slurm charts
 with the real helm, and waits until a user on the login pod sees every
 compute node idle in `sinfo`. Every pod of both charts, sunk's own
@@ -26,13 +26,13 @@ from typing import Any
 from lightkube import AsyncClient
 
 from sunk.kube.client import kube_client
-from sunk.testbed import charts
-from sunk.testbed.helm import Helm, ensure_helm
-from sunk.testbed.images import ImageSet, ensure_images
-from sunk.testbed.kube import KubeAccess, KubeControlPlane, ensure_binaries
-from sunk.testbed.nodes import NodeBed, NodeSpec, ensure_node_binaries
-from sunk.testbed.procs import Supervisor
-from sunk.testbed.slurm import ensure_rootfs
+from sunk_testbed import charts
+from sunk_testbed.helm import Helm, ensure_helm
+from sunk_testbed.images import ImageSet, ensure_images
+from sunk_testbed.kube import KubeAccess, KubeControlPlane, ensure_binaries
+from sunk_testbed.nodes import NodeBed, NodeSpec, ensure_node_binaries
+from sunk_testbed.procs import Supervisor
+from sunk_testbed.slurm import ensure_rootfs
 
 Log = Callable[[str], None]
 
@@ -283,7 +283,7 @@ class Bed:
         the node's cgroups; mounts go with the room), then the registry and
         the control plane; no build is ever triggered here.
         """
-        from sunk.testbed.nodes import node_binaries_dir
+        from sunk_testbed.nodes import node_binaries_dir
 
         node_bin = node_binaries_dir()
         self.node_bed().stop(node_bin if (node_bin / ".complete").exists() else None)

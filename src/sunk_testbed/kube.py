@@ -45,8 +45,8 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config.client_adapter import AsyncClient as _adapter_async_client
 from lightkube.config.client_adapter import ConnectionParams
 
-from sunk.testbed.paths import SCRIPTS, cache_dir
-from sunk.testbed.procs import Supervisor, free_port, port_open
+from sunk_testbed.paths import SCRIPTS, cache_dir
+from sunk_testbed.procs import Supervisor, free_port, port_open
 
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.6"
@@ -614,7 +614,7 @@ class KubeControlPlane:
             [
                 str(bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-                # Every address: real nodes (sunk.testbed.nodes) reach it from
+                # Every address: real nodes (sunk_testbed.nodes) reach it from
                 # their network namespace at the host's end of its link.
                 "--bind-address=0.0.0.0",
                 "--advertise-address=127.0.0.1",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from sunk.slurm.conf.keys import (
+from sunk.slurm.hostlist import HostlistError, expand
+from sunk_testbed.slurm_conf.keys import (
     DOWN_NODE_KEYS,
     FRONTEND_KEYS,
     GLOBAL_KEYS,
@@ -18,8 +19,7 @@ from sunk.slurm.conf.keys import (
     PARTITION_KEYS,
     POWER_ACTION_KEYS,
 )
-from sunk.slurm.conf.problems import Problem
-from sunk.slurm.hostlist import HostlistError, expand
+from sunk_testbed.slurm_conf.problems import Problem
 
 _PAIR = re.compile(r'([A-Za-z][A-Za-z0-9_]*)=("[^"]*"|\S*)')
 

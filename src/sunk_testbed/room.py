@@ -33,10 +33,10 @@ from typing import Any
 
 import yaml
 
-from sunk.testbed import nodeconf
-from sunk.testbed.kube import KubeAccess, KubeControlPlane, file_lock
-from sunk.testbed.nodeconf import Subnet
-from sunk.testbed.procs import Supervisor
+from sunk_testbed import nodeconf
+from sunk_testbed.kube import KubeAccess, KubeControlPlane, file_lock
+from sunk_testbed.nodeconf import Subnet
+from sunk_testbed.procs import Supervisor
 
 # Candidate /16s for beds' rooms (each picks one no host route overlaps).
 _CANDIDATES = [ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(160, 200)]

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from sunk.slurm.conf.problems import Problem, raise_if
 from sunk.slurm.hostlist import compress
+from sunk_testbed.slurm_conf.problems import Problem, raise_if
 
 NodeLabels = Mapping[str, Mapping[str, str]]  # node name -> its labels
 

@@ -41,9 +41,9 @@ from pathlib import Path
 
 import httpx2
 
-from sunk.testbed.paths import SCRIPTS, cache_dir
-from sunk.testbed.procs import StartError, Supervisor, free_port, port_open, tail
-from sunk.testbed.sandbox import Bind, Sandbox, ids
+from sunk_testbed.paths import SCRIPTS, cache_dir
+from sunk_testbed.procs import StartError, Supervisor, free_port, port_open, tail
+from sunk_testbed.sandbox import Bind, Sandbox, ids
 
 CONTROLLER_HOST = "sunk-ctl"
 CLUSTER_NAME = "sunk-tb"

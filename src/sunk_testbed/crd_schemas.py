@@ -1,6 +1,6 @@
 """Regenerate the Kubernetes schemas sunk embeds in its CRDs, from a real apiserver.
 
-    python -m sunk.api.generate KUBECONFIG
+    python -m sunk_testbed.crd_schemas KUBECONFIG
 
 writes `src/sunk/api/k8s/podtemplatespec.json`. A contract test compares the
 committed file with what the test bed's apiserver publishes, so a Kubernetes
@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import sunk.api.k8s
 from sunk.api.crd import POD_TEMPLATE_SCHEMA
 from sunk.api.schema import Schema, from_kubernetes
+from sunk_testbed.kube import async_http_client
 
 CORE_V1 = "/openapi/v3/api/v1"
 POD_TEMPLATE = "io.k8s.api.core.v1.PodTemplateSpec"
-OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 
 
 def pod_template_schema(openapi: dict[str, Any]) -> Schema:
@@ -40,8 +41,6 @@ def pod_template_schema(openapi: dict[str, Any]) -> Schema:
 
 
 async def fetch_core_openapi(kubeconfig: Path) -> dict[str, Any]:
-    from sunk.testbed.kube import async_http_client
-
     async with async_http_client(kubeconfig) as http:
         reply = await http.get(CORE_V1)
         reply.raise_for_status()
@@ -51,9 +50,9 @@ async def fetch_core_openapi(kubeconfig: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 2:
-        raise SystemExit("usage: python -m sunk.api.generate KUBECONFIG")
+        raise SystemExit("usage: python -m sunk_testbed.crd_schemas KUBECONFIG")
     openapi = asyncio.run(fetch_core_openapi(Path(argv[1])))
-    target = Path(__file__).parent / "k8s" / POD_TEMPLATE_SCHEMA
+    target = Path(sunk.api.k8s.__file__).parent / POD_TEMPLATE_SCHEMA
     target.write_text(json.dumps(pod_template_schema(openapi), indent=1, sort_keys=True) + "\n")
     print(f"wrote {target}")
 

@@ -1,9 +1,9 @@
 """Real Kubernetes nodes for the test bed: a kubelet and a containerd per node.
 
-Every node of a bed runs in the bed's room (`sunk.testbed.room`: a network
+Every node of a bed runs in the bed's room (`sunk_testbed.room`: a network
 and mount namespace with one bridge, kube-proxy and cluster DNS). What each
 node owns (directories, sockets, cgroup root, address range) comes from
-`sunk.testbed.nodeconf`. Every daemon is recorded by the Supervisor; `stop`
+`sunk_testbed.nodeconf`. Every daemon is recorded by the Supervisor; `stop`
 removes the node's pods through CRI, then kills what is left in its cgroups,
 unmounts what is mounted below its directory and removes its cgroups, so
 nothing stays behind.
@@ -24,19 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sunk.testbed import nodeconf
-from sunk.testbed.charts import wait_until
-from sunk.testbed.kube import (
+from sunk_testbed import nodeconf
+from sunk_testbed.charts import wait_until
+from sunk_testbed.kube import (
     KUBERNETES_VERSION,
     KubeAccess,
     KubeControlPlane,
     build_once,
     file_lock,
 )
-from sunk.testbed.nodeconf import NodePaths, Subnet
-from sunk.testbed.paths import SCRIPTS, cache_dir
-from sunk.testbed.procs import StartError, Supervisor, tail
-from sunk.testbed.room import (
+from sunk_testbed.nodeconf import NodePaths, Subnet
+from sunk_testbed.paths import SCRIPTS, cache_dir
+from sunk_testbed.procs import StartError, Supervisor, tail
+from sunk_testbed.room import (
     MachineRoom,
     install_cluster_dns,
     kube_port,
@@ -361,7 +361,7 @@ class NodeBed:
         supervisor: Supervisor,
         control_plane: KubeControlPlane,
     ) -> None:
-        from sunk.testbed.images import Registry
+        from sunk_testbed.images import Registry
 
         self.supervisor = supervisor
         self.control_plane = control_plane
