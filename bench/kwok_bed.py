@@ -49,11 +49,11 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
-from sunk_testbed import kube as testbed_kube
-from sunk_testbed.kube import KubeAccess, KubeControlPlane, async_client
+from sunk_testbed import control_plane
+from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, async_client
 from sunk_testbed.nodes import ensure_node_binaries
 from sunk_testbed.procs import Supervisor, free_port, port_open
-from sunk_testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
+from sunk_testbed.slurm_cluster import SlurmAccess, SlurmCluster, ensure_rootfs
 
 STAND_INS = (
     "Kubernetes nodes: KWOK (simulated); slurmd: real processes started by the bench, one per pod"
@@ -679,7 +679,7 @@ async def kwok_bed(
     kube: AsyncClient | None = None
     rootfs = ensure_rootfs()
     bin_dir = ensure_node_binaries(log)
-    testbed_kube.NODE_MONITOR_GRACE_PERIOD = node_grace
+    control_plane.NODE_MONITOR_GRACE_PERIOD = node_grace
     log(f"[bed] {STAND_INS}")
     try:
         t = time.monotonic()

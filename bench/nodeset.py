@@ -47,7 +47,7 @@ from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk_testbed.slurm import SlurmCluster
+from sunk_testbed.slurm_cluster import SlurmCluster
 
 NAMESPACE = "bench"
 NAME = "compute"

@@ -49,7 +49,7 @@ from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk_testbed.procs import free_port
-from sunk_testbed.slurm import SlurmCluster
+from sunk_testbed.slurm_cluster import SlurmCluster
 from sunk_testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"

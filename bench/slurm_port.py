@@ -32,7 +32,7 @@ from pathlib import Path
 from sunk.slurm import FileKey, JwtMinter, NodeEvent, SlurmClient, SlurmView
 from sunk.slurm.hostlist import compress
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm import (
+from sunk_testbed.slurm_cluster import (
     CONTROLLER_HOST,
     SANDBOX_SETTINGS,
     ConfLayout,

@@ -31,7 +31,7 @@ from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import JobSpec
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk_testbed.slurm_cluster import SlurmCluster, ensure_rootfs
 
 PARTITION = "bench"
 

@@ -27,12 +27,12 @@ from lightkube import AsyncClient
 
 from sunk.kube.client import kube_client
 from sunk_testbed import charts
+from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, ensure_binaries
 from sunk_testbed.helm import Helm, ensure_helm
 from sunk_testbed.images import ImageSet, ensure_images
-from sunk_testbed.kube import KubeAccess, KubeControlPlane, ensure_binaries
 from sunk_testbed.nodes import NodeBed, NodeSpec, ensure_node_binaries
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm import ensure_rootfs
+from sunk_testbed.slurm_cluster import ensure_rootfs
 
 Log = Callable[[str], None]
 

@@ -27,7 +27,7 @@ from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
 from sunk_testbed.images import Image, ImageSet
-from sunk_testbed.slurm import SANDBOX_SETTINGS
+from sunk_testbed.slurm_cluster import SANDBOX_SETTINGS
 
 STORAGE_CLASS = "sunk-local"
 NODE_POOL_LABEL = "sunk.dev/pool"

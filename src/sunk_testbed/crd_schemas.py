@@ -18,7 +18,7 @@ from typing import Any
 import sunk.api.k8s
 from sunk.api.crd import POD_TEMPLATE_SCHEMA
 from sunk.api.schema import Schema, from_kubernetes
-from sunk_testbed.kube import async_http_client
+from sunk_testbed.control_plane import async_http_client
 
 CORE_V1 = "/openapi/v3/api/v1"
 POD_TEMPLATE = "io.k8s.api.core.v1.PodTemplateSpec"

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sunk_testbed.kube import build_log, build_once
+from sunk_testbed.control_plane import build_log, build_once
 from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 
 HELM_VERSION = "v3.22.0"

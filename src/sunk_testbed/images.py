@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sunk_testbed.kube import build_log, build_once, file_lock
+from sunk_testbed.control_plane import build_log, build_once, file_lock
 from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 from sunk_testbed.procs import Supervisor, free_port, tail
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from sunk_testbed import nodeconf
 from sunk_testbed.charts import wait_until
-from sunk_testbed.kube import (
+from sunk_testbed.control_plane import (
     KUBERNETES_VERSION,
     KubeAccess,
     KubeControlPlane,

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from sunk_testbed import nodeconf
-from sunk_testbed.kube import KubeAccess, KubeControlPlane, file_lock
+from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, file_lock
 from sunk_testbed.nodeconf import Subnet
 from sunk_testbed.procs import Supervisor
 

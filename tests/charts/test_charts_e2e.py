@@ -54,8 +54,8 @@ from plugins.nodes import RealNodes
 from plugins.slurm_pods import node_states, restore_nodes
 from sunk.api import nodeset as nodeset_api
 from sunk_testbed import charts
+from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.helm import Helm, HelmError, ensure_helm
-from sunk_testbed.kube import KubeAccess
 from sunk_testbed.nodes import nodes_ready
 
 pytestmark = pytest.mark.testbed

@@ -35,7 +35,7 @@ from lightkube.resources.core_v1 import Pod
 from plugins.slurm_pods import wait_for
 from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk_testbed.bed import USER_UID, Bed
-from sunk_testbed.kube import async_client
+from sunk_testbed.control_plane import async_client
 from sunk_testbed.nodes import node_binaries_dir
 
 pytestmark = pytest.mark.testbed

@@ -45,7 +45,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
-from sunk_testbed.kube import (
+from sunk_testbed.control_plane import (
     KUBERNETES_VERSION,
     KubeAccess,
     KubeControlPlane,

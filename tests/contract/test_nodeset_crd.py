@@ -17,9 +17,9 @@ from sunk.api import nodeset as api
 from sunk.api.crd import POD_TEMPLATE_SCHEMA, pod_template_schema
 from sunk.api.install import install_crds
 from sunk.nodeset.pods import NodeSetRef, build_pod, template_hash
+from sunk_testbed.control_plane import async_http_client
 from sunk_testbed.crd_schemas import fetch_core_openapi
 from sunk_testbed.crd_schemas import pod_template_schema as generate_pod_template_schema
-from sunk_testbed.kube import async_http_client
 
 pytestmark = pytest.mark.testbed
 

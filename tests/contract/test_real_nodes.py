@@ -18,7 +18,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import wait_for
 from sunk_testbed import nodeconf
-from sunk_testbed.kube import KubeAccess
+from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.nodes import node_binaries_dir, nodes_ready
 
 pytestmark = pytest.mark.testbed

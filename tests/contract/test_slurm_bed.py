@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sunk_testbed.procs import Supervisor, free_port
-from sunk_testbed.slurm import DYNAMIC_FEATURE, PARTITION, SlurmAccess, SlurmCluster
+from sunk_testbed.slurm_cluster import DYNAMIC_FEATURE, PARTITION, SlurmAccess, SlurmCluster
 
 pytestmark = pytest.mark.testbed
 

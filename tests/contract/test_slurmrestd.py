@@ -24,7 +24,7 @@ import jwt
 import pytest
 
 from plugins.slurm import SlurmCli, external_restd
-from sunk_testbed.slurm import CONTROLLER_HOST, PARTITION, SlurmAccess, SlurmCluster
+from sunk_testbed.slurm_cluster import CONTROLLER_HOST, PARTITION, SlurmAccess, SlurmCluster
 
 pytestmark = pytest.mark.testbed
 

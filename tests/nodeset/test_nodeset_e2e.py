@@ -39,7 +39,7 @@ from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
 from sunk_testbed import slurmpods
-from sunk_testbed.slurm import SlurmCluster
+from sunk_testbed.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.testbed
 NodeSet = api.resource()

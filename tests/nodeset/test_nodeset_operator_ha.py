@@ -30,7 +30,7 @@ from lightkube.resources.events_v1 import Event
 
 from sunk.api import LABEL_NODESET
 from sunk.api import nodeset as api
-from sunk_testbed.slurm import SlurmAccess
+from sunk_testbed.slurm_cluster import SlurmAccess
 
 pytestmark = pytest.mark.testbed
 NodeSet = api.resource()

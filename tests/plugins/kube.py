@@ -24,7 +24,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 
-from sunk_testbed.kube import KubeAccess, KubeControlPlane, async_client
+from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, async_client
 from sunk_testbed.procs import Supervisor
 
 # Every namespace the tests create carries this label (to find leftovers).

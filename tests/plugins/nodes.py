@@ -18,7 +18,7 @@ import pytest_asyncio
 from lightkube import AsyncClient
 
 from sunk_testbed import images
-from sunk_testbed.kube import KubeAccess, KubeControlPlane
+from sunk_testbed.control_plane import KubeAccess, KubeControlPlane
 from sunk_testbed.nodes import KubeletNodes, NodeBed, NodeSpec, ensure_node_binaries
 from sunk_testbed.procs import Supervisor
 from sunk_testbed.room import MachineRoom

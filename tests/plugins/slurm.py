@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm import SlurmAccess, SlurmCluster, ensure_rootfs
+from sunk_testbed.slurm_cluster import SlurmAccess, SlurmCluster, ensure_rootfs
 
 SlurmCli = Callable[..., subprocess.CompletedProcess[str]]
 

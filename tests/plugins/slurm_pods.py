@@ -30,7 +30,7 @@ from plugins.nodes import RealNodes
 from sunk_testbed import slurmpods
 from sunk_testbed.charts import wait_until
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm import SlurmCluster, ensure_rootfs
+from sunk_testbed.slurm_cluster import SlurmCluster, ensure_rootfs
 
 
 @dataclass

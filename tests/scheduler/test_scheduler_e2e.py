@@ -52,7 +52,7 @@ from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import Job
 from sunk.slurm.view import SlurmView
 from sunk_testbed import slurmpods
-from sunk_testbed.slurm import SlurmCommandError
+from sunk_testbed.slurm_cluster import SlurmCommandError
 
 pytestmark = pytest.mark.testbed
 

@@ -17,7 +17,7 @@ import pytest
 
 from plugins.slurm import external_restd
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm import (
+from sunk_testbed.slurm_cluster import (
     CONTROLLER_HOST,
     SANDBOX_SETTINGS,
     ConfLayout,

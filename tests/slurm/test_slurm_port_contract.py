@@ -56,7 +56,7 @@ from sunk.slurm import (
 )
 from sunk.slurm.dialect import SUPPORTED_VERSIONS, version_key
 from sunk_testbed.procs import Supervisor, free_port
-from sunk_testbed.slurm import (
+from sunk_testbed.slurm_cluster import (
     DYNAMIC_FEATURE,
     PARTITION,
     PLAIN_UID,

@@ -35,7 +35,7 @@ from sunk.syncer.decide import (
     LABEL_SLURM_DRAIN,
 )
 from sunk_testbed import slurmpods
-from sunk_testbed.slurm import SlurmCluster
+from sunk_testbed.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.testbed
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sunk_testbed.kube import KubeAccess, KubeControlPlane, Ports
+from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, Ports
 from sunk_testbed.procs import Supervisor
 
 

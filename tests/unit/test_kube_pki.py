@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from lightkube import KubeConfig
 
-from sunk_testbed.kube import Pki, first_service_ip, write_kubeconfig
+from sunk_testbed.control_plane import Pki, first_service_ip, write_kubeconfig
 
 
 def load(path: Path) -> x509.Certificate:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sunk_testbed.sandbox import Bind, Sandbox, ids
-from sunk_testbed.slurm import rootfs_dir
+from sunk_testbed.slurm_cluster import rootfs_dir
 
 ROOTFS = rootfs_dir("trixie")
 

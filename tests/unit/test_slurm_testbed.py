@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm import CONTROLLER_HOST, PARTITION, SlurmAccess, SlurmCluster
+from sunk_testbed.slurm_cluster import CONTROLLER_HOST, PARTITION, SlurmAccess, SlurmCluster
 
 
 def conf(tmp_path: Path, **kwargs: object) -> dict[str, list[str]]:

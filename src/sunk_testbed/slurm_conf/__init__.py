@@ -1,9 +1,7 @@
 """Slurm configuration rendering: pure functions from typed specs to files."""
 
 from sunk_testbed.slurm_conf.check import check_slurm_conf
-from sunk_testbed.slurm_conf.gres import GpuGroup, GpuInventory, node_gres, render_gres_conf
-from sunk_testbed.slurm_conf.problems import ConfigError, Problem
-from sunk_testbed.slurm_conf.slurm_conf import (
+from sunk_testbed.slurm_conf.cluster import (
     Auth,
     ClusterSpec,
     Controller,
@@ -16,6 +14,8 @@ from sunk_testbed.slurm_conf.slurm_conf import (
     render_slurm_conf,
     validate_cluster,
 )
+from sunk_testbed.slurm_conf.gres import GpuGroup, GpuInventory, node_gres, render_gres_conf
+from sunk_testbed.slurm_conf.problems import ConfigError, Problem
 from sunk_testbed.slurm_conf.topology import (
     Block,
     Blocks,
