@@ -1,5 +1,5 @@
-"""`python -m sunk`: the sunk command (how `sunk local up` starts its own daemons)."""
+"""`python -m sunk`: the sunk command, as its console script runs it."""
 
-from sunk.cli import app
+from sunk.cli import main
 
-app()
+main()

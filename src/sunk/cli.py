@@ -2,36 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from typer.main import get_command_name
 
 from sunk import __version__
 from sunk.service import run_until_terminated
-from sunk_testbed.paths import default_state_dir
 
 app = typer.Typer(help="sunk: Slurm on Kubernetes.", no_args_is_help=True)
-local = typer.Typer(help="A local cluster on this machine: real Kubernetes, real Slurm.")
-testbed = typer.Typer(help="The test bed behind `sunk local` and the tests.")
-app.add_typer(local, name="local")
-app.add_typer(testbed, name="testbed")
 
-console = Console(stderr=True)
-StateOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--state",
-        help="State directory of the local cluster [default: /var/lib/sunk/local].",
-        envvar="SUNK_STATE",
-        show_default=False,
-    ),
-]
+# Entry points of this group add command groups to `sunk` (name: the command,
+# object: a typer.Typer). The development install's test bed offers `local`
+# and `testbed` this way, so sunk itself never names it.
+PLUGIN_GROUP = "sunk.commands"
 
 
 # Options every component that talks to Slurm and Kubernetes takes.
@@ -82,18 +69,6 @@ def _component_logging(verbose: bool) -> None:
         # One line per HTTP request is a trace, not a log (and costs CPU at load).
         for noisy in ("httpx2", "httpcore2"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _log(message: str) -> None:
-    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
-
-
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        console.print(
-            "[red]sunk local needs root[/red]: it creates namespaces, mounts and chroots."
-        )
-        raise typer.Exit(2)
 
 
 @app.command()
@@ -336,89 +311,36 @@ def scheduler(
     )
 
 
-@testbed.command("prepare")
-def testbed_prepare() -> None:
-    """Build or reuse the cached Kubernetes binaries and Slurm root filesystem."""
-    _require_root()
-    from sunk_testbed.bed import Bed
+def plugin_groups() -> list[tuple[str, typer.Typer]]:
+    """The command groups installed plugins offer, by command name.
 
-    prepared = Bed(default_state_dir()).prepare(_log)
-    kind = "cold" if prepared.cold else "warm"
-    _log(f"test bed caches ready ({kind}) in {prepared.seconds:.1f}s")
-    print(json.dumps({"cold": prepared.cold, "seconds": round(prepared.seconds, 1)}))
-
-
-@local.command("up")
-def local_up(state: StateOption = None) -> None:
-    """Start the local cluster (idempotent): control plane, nodes, both charts; then wait
-    until Slurm is usable and print how to use it."""
-    _require_root()
-    from sunk_testbed.bed import Bed
-
-    started = time.monotonic()
-    access = Bed(state or default_state_dir()).up(_log)
-    _log(f"[green]local cluster up[/green] in {time.monotonic() - started:.1f}s")
-    print(
-        f"kubeconfig:   {access.kube.admin_kubeconfig}\n"
-        f"login:        {access.user}@{access.login_address} (key {access.ssh_key})\n"
-        f"slurm nodes:  {', '.join(access.nodes)}\n"
-        f"\n"
-        f"  sunk local ssh                      # a login shell on the login pod\n"
-        f"  sunk local ssh sinfo\n"
-        f"  sunk local ssh srun -N{len(access.nodes)} hostname\n"
-        f"  export KUBECONFIG={access.kube.admin_kubeconfig}; kubectl -n slurm get pods,nodesets\n"
-        f"  sunk local down\n"
-    )
+    An entry point whose package is not installed is skipped: the image's
+    wheel holds only `sunk`, but carries the project's entry points.
+    """
+    groups = []
+    for entry in entry_points(group=PLUGIN_GROUP):
+        try:
+            group = entry.load()
+        except ModuleNotFoundError as error:
+            if error.name != entry.module.partition(".")[0]:
+                raise  # the plugin is there but broken: say so
+            continue
+        if not isinstance(group, typer.Typer):
+            raise TypeError(f"entry point {entry.name} = {entry.value}: not a typer.Typer")
+        groups.append((entry.name, group))
+    return groups
 
 
-@local.command("down")
-def local_down(state: StateOption = None) -> None:
-    """Stop everything `sunk local up` started, and nothing else."""
-    _require_root()
-    from sunk_testbed.bed import Bed
-
-    Bed(state or default_state_dir()).down()
-    _log("local cluster stopped")
-
-
-@local.command("status")
-def local_status(state: StateOption = None) -> None:
-    """Show which parts of the local cluster run."""
-    from sunk_testbed.bed import Bed
-
-    state = state or default_state_dir()
-    status = Bed(state).status()
-    if not status:
-        console.print("local cluster: not running")
-        raise typer.Exit(1)
-    for name, alive in status.items():
-        mark = "[green]running[/green]" if alive else "[red]stopped[/red]"
-        console.print(f"{name:28} {mark}")
-    summary = state / "bed.json"
-    if summary.exists():
-        print(summary.read_text())
-    if not all(status.values()):
-        raise typer.Exit(1)
-
-
-@local.command(
-    "ssh",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
-def local_ssh(ctx: typer.Context, state: StateOption = None) -> None:
-    """Log in to the local cluster's login pod over ssh (or run COMMAND there): sinfo,
-    sbatch, srun, sacct… as its user, as on any Slurm cluster."""
-    _require_root()
-    from sunk_testbed import charts
-    from sunk_testbed.bed import USER_NAME, Bed
-
-    bed = Bed(state or default_state_dir())
-    try:
-        address = bed.login_address()
-    except RuntimeError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
-    argv = charts.ssh_argv(bed.ssh_key(), USER_NAME, address, ctx.args)
-    if sys.stdin.isatty() and not ctx.args:
-        argv.insert(1, "-t")
-    os.execvp(argv[0], argv)  # noqa: S606 - this process becomes the ssh session
+def main(argv: list[str] | None = None) -> None:
+    """The `sunk` command. Plugins are loaded only for a command line that does not name
+    one of sunk's own commands, so a component never loads them."""
+    args = sys.argv[1:] if argv is None else argv
+    own = {
+        info.name or get_command_name(info.callback.__name__)
+        for info in app.registered_commands
+        if info.callback is not None
+    }
+    if not args or args[0] not in own:
+        for name, group in plugin_groups():
+            app.add_typer(group, name=name)
+    app(args=args)
