@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what sunk's development and tests need on this machine, and only
-# what is missing: Debian packages and the Python virtualenv (.venv) with sunk
-# and its dev tools. (The Go toolchain is testbed/kube/build.sh's business.)
+# what is missing: Debian packages and the Python virtualenv (.venv) with sunk,
+# its test bed (sunk_testbed) and dev tools. (The Go toolchain is
+# testbed/kube/build.sh's business.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +28,9 @@ python=${PYTHON:-python3}
 stamp=.venv/.pyproject.sha256
 sum=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -x .venv/bin/python ]] || [[ $(cat "$stamp" 2>/dev/null) != "$sum" ]]; then
-  say "installing sunk and its dev tools into .venv"
+  say "installing sunk, its test bed and dev tools into .venv"
   [[ -x .venv/bin/python ]] || "$python" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev,testbed]'
   echo "$sum" >"$stamp"
 fi
