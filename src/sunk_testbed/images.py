@@ -168,7 +168,7 @@ def _specs(coredns: Path | None) -> list[_Spec]:
             "sunk",
             "sunk/sunk",
             "dockerfile",
-            (Path("pyproject.toml"), Path("README.md"), Path("src")),
+            (Path("pyproject.toml"), Path("README.md"), Path("src/sunk")),
             Path("images/sunk/Dockerfile"),
         ),
         # Kubernetes' own pause image runs as this user too.
