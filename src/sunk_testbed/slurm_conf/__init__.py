@@ -1,4 +1,8 @@
-"""Slurm configuration rendering: pure functions from typed specs to files."""
+"""Slurm configuration rendering: pure functions from typed specs to files.
+
+The test bed's, for beds and benchmarks that start Slurm with a rendered
+configuration; the charts render a cluster's with Helm templates.
+"""
 
 from sunk_testbed.slurm_conf.check import check_slurm_conf
 from sunk_testbed.slurm_conf.cluster import (

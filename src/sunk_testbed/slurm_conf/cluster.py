@@ -1,6 +1,6 @@
 """slurm.conf from a typed cluster spec, validated before Slurm sees it.
 
-`ClusterSpec` is what sunk's operator knows about a cluster (controllers,
+`ClusterSpec` is what a bed's slurm.conf says about its cluster (controllers,
 auth, static nodes, node sets for dynamic nodes, partitions, scheduling and
 preemption); `render_slurm_conf` turns it into the file, deterministic line
 for line so an unchanged spec renders an unchanged file (and no reconfigure).
