@@ -38,7 +38,7 @@ from sunk_testbed.bed import USER_UID, Bed
 from sunk_testbed.control_plane import async_client
 from sunk_testbed.nodes import node_binaries_dir
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.e2e
 
 JOB_ID_ANNOTATION = "sunk.dev/slurm-job-id"
 
@@ -366,6 +366,27 @@ def test_sunks_components_use_the_tokens_minted_for_them_and_hold_no_key(cluster
     assert "Slurm view fresh" in logs.stdout, logs.stdout[-2000:]
     minted = kubectl(cluster, "-n", "slurm", "logs", "deploy/sunk-tokens")
     assert "tokens for 3 grants and 1 tenant uids written" in minted.stdout, minted.stdout[-2000:]
+
+
+def test_the_syncer_drains_under_its_own_slurm_name(cluster: Path) -> None:
+    """The operator and the syncer act as Slurm Admins of their own (the slurm
+    chart's `admins`, made by its hook), not as SlurmUser: a cordon's drain
+    carries the syncer's name in Slurm's record of who set the reason."""
+    levels = ssh(cluster, "sacctmgr -n -P list user format=user,adminlevel")
+    for admin in ("sunk-operator", "sunk-syncer"):
+        assert f"{admin}|Administrator" in levels.split(), levels
+    assert kubectl(cluster, "cordon", "local-3").returncode == 0
+    try:
+        deadline = time.monotonic() + 60
+        while "[sunk-syncer@" not in (node := ssh(cluster, "scontrol show node compute-local-3")):
+            assert time.monotonic() < deadline, node
+            time.sleep(1)
+    finally:
+        assert kubectl(cluster, "uncordon", "local-3").returncode == 0
+    deadline = time.monotonic() + 60
+    while "drain" in (state := ssh(cluster, "sinfo -h -n compute-local-3 -o %t")):
+        assert time.monotonic() < deadline, state
+        time.sleep(1)
 
 
 COMPONENTS = ("operator", "syncer", "scheduler")
