@@ -23,6 +23,16 @@ from sunk_testbed.procs import Supervisor
 
 pytest_plugins = ["plugins.kube", "plugins.slurm", "plugins.nodes", "plugins.loopwatch"]
 
+BED_MARKS = ("contract", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test is `unit` unless its module says `contract` or `e2e`, so
+    `./test -m unit` runs without a test bed, in seconds."""
+    for item in items:
+        if not any(item.get_closest_marker(mark) for mark in BED_MARKS):
+            item.add_marker(pytest.mark.unit)
+
 
 @pytest.fixture(scope="session")
 def testbed_external() -> bool:

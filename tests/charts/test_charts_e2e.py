@@ -58,7 +58,7 @@ from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.helm import Helm, HelmError, ensure_helm
 from sunk_testbed.nodes import nodes_ready
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.e2e
 RELEASE = "hpc"
 USER = charts.User("alice", 2000, "")
 COMPUTE_NODES = 3

@@ -27,7 +27,7 @@ from sunk.scheduler.tenancy import parse_tenancy
 from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk_testbed.helm import CHARTS, Helm, HelmError, ensure_helm
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 CI_VALUES = sorted(CHARTS.glob("*/ci/*.yaml"))
 CRD_HEADER = (

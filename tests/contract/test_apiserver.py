@@ -53,7 +53,7 @@ from sunk_testbed.control_plane import (
     async_http_client,
 )
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 NO_SCHEDULER = "sunk-test-none"
 IMAGE = "registry.invalid/pause:1"  # never pulled: no kubelet runs these pods

@@ -32,7 +32,7 @@ from sunk_testbed.images import (
 from sunk_testbed.procs import Supervisor
 
 # A cold build debootstraps and installs Slurm and sunk's dependencies.
-pytestmark = [pytest.mark.testbed, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")

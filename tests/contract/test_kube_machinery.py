@@ -22,7 +22,7 @@ from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.leader import LeaderElector
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,7 @@ from sunk_testbed.control_plane import async_http_client
 from sunk_testbed.crd_schemas import fetch_core_openapi
 from sunk_testbed.crd_schemas import pod_template_schema as generate_pod_template_schema
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 NodeSet = api.resource()
 

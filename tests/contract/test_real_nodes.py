@@ -21,7 +21,7 @@ from sunk_testbed import nodeconf
 from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.nodes import node_binaries_dir, nodes_ready
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 
 def kubectl(

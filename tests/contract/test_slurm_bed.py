@@ -18,7 +18,7 @@ import pytest
 from sunk_testbed.procs import Supervisor, free_port
 from sunk_testbed.slurm_cluster import DYNAMIC_FEATURE, PARTITION, SlurmAccess, SlurmCluster
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 
 def command_of(pid: int) -> str:

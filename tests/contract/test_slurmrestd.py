@@ -26,7 +26,7 @@ import pytest
 from plugins.slurm import SlurmCli, external_restd
 from sunk_testbed.slurm_cluster import CONTROLLER_HOST, PARTITION, SlurmAccess, SlurmCluster
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 API = "/slurm/v0.0.42"
 NOT_FOUND_JOB = 2017  # ESLURM_INVALID_JOB_ID

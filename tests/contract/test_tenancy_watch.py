@@ -16,7 +16,7 @@ from lightkube.resources.events_v1 import Event
 
 from sunk.scheduler.tenancy_watch import TENANCY_KEY, TenancyWatch
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 NAME = "scheduler-tenancy"
 

@@ -26,7 +26,7 @@ from sunk.tokens.run import (
     write_token,
 )
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 KEY = b"k" * 32
 

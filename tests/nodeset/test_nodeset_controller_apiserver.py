@@ -28,7 +28,7 @@ from sunk.api.install import install_crds
 from sunk.nodeset.controller import FINALIZER, NodeSetController
 from sunk.nodeset.plan import REASON_UPDATE, SlurmNodeView
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 NodeSet = api.resource()
 
 

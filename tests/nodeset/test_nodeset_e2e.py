@@ -41,7 +41,7 @@ from sunk.slurm.view import SlurmView
 from sunk_testbed import slurmpods
 from sunk_testbed.slurm_cluster import SlurmCluster
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.e2e
 NodeSet = api.resource()
 NAME = "compute"
 POOL = "sunk.test/pool"

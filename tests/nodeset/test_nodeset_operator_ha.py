@@ -32,7 +32,7 @@ from sunk.api import LABEL_NODESET
 from sunk.api import nodeset as api
 from sunk_testbed.slurm_cluster import SlurmAccess
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.e2e
 NodeSet = api.resource()
 LEASE = "sunk-operator"
 LEASE_DURATION = 15.0  # LeaderElector's default, which `sunk operator` uses

@@ -54,7 +54,7 @@ from sunk.slurm.view import SlurmView
 from sunk_testbed import slurmpods
 from sunk_testbed.slurm_cluster import SlurmCommandError
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.e2e
 
 KILL_WAIT = 10
 # The in-process scheduler's own Slurm user has no Slurm privilege (an

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
-from sunk.scheduler.controller import _refused_allocation, _time_to_stop
+from sunk.scheduler.controller import STOP_MARGIN, _refused_allocation, _time_to_stop
 from sunk.scheduler.request import (
     ANNOTATION_EXCLUSIVE,
     ANNOTATION_GPU_TYPE,
@@ -189,7 +189,8 @@ def test_pods_stop_before_slurm_ends_their_allocation() -> None:
     # No time limit: Slurm's end_time (a year out) is no deadline.
     assert _time_to_stop(running, pods, now=500) is None
     limited = running.model_copy(update={"time_limit": 10})
-    assert _time_to_stop(limited, pods, now=900) == 80  # the longest grace before the end
+    # The longest grace period, and the margin for the removal, before the end.
+    assert _time_to_stop(limited, pods, now=900) == 80 - STOP_MARGIN
     assert _time_to_stop(limited, pods, now=990) == 0
     preempted = running.model_copy(update={"preempt_time": 950})
     assert _time_to_stop(preempted, pods, now=950) == 0

@@ -45,7 +45,7 @@ from sunk_testbed.slurm_conf import (
     tree_from_labels,
 )
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 NODES = ["tb1", "tb2", "tb3", "tb4"]
 LABELS = {

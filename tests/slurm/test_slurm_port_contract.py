@@ -65,7 +65,7 @@ from sunk_testbed.slurm_cluster import (
     ensure_rootfs,
 )
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.contract
 
 T = TypeVar("T")
 

@@ -37,7 +37,7 @@ from sunk.syncer.decide import (
 from sunk_testbed import slurmpods
 from sunk_testbed.slurm_cluster import SlurmCluster
 
-pytestmark = pytest.mark.testbed
+pytestmark = pytest.mark.e2e
 log = logging.getLogger(__name__)
 
 
