@@ -407,16 +407,6 @@ async def test_a_config_slurm_rejects_is_refused_before_it_reaches_the_cluster(
     await bed.poll_ssh("the controller still up", "scontrol ping", r"is UP", 30)
 
 
-# Known intermittent on real nodes (2 of 6 runs in session 6, on a loaded
-# machine): the backup answers but without the held job, and after such a
-# failover the NodeSet's deletion can stall (slurmrestd 504 on DELETE node).
-# Kept running, not skipped, until the cause is found (issue 13's note).
-HA_FLAKY = pytest.mark.xfail(
-    reason="intermittent: HA failover on real nodes under load (see issue 13)", strict=False
-)
-
-
-@HA_FLAKY
 async def test_the_backup_controller_serves_squeue_when_the_primary_dies(
     bed: ChartBed,
 ) -> None:
@@ -485,7 +475,6 @@ async def _fail_over_and_back(bed: ChartBed) -> None:
     await bed.poll_ssh("the held job still queued", f"squeue -h -j {job} -o %T", "PENDING", 60)
 
 
-@HA_FLAKY
 @pytest.mark.timeout(600)  # two uninstalls, the pre-delete drain, then the wait
 async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
     try:
