@@ -92,17 +92,15 @@ def operator(
 ) -> None:
     """Run the NodeSet controller (leader-elected)."""
 
+    from sunk.component import Election, SlurmAccess
     from sunk.nodeset.run import OperatorConfig, run_operator
 
     _component_logging(verbose)
     config = OperatorConfig(
-        slurmrestd_url=slurmrestd,
-        jwt_key_file=jwt_key,
-        jwt_token_file=jwt_token,
-        slurm_user=slurm_user,
+        slurm=SlurmAccess(slurmrestd, jwt_key, jwt_token, slurm_user),
+        election=Election("sunk-operator", lease_namespace),
         kubeconfig=kubeconfig,
         namespace=namespace,
-        lease_namespace=lease_namespace,
     )
     run_until_terminated(run_operator(config))
 
@@ -202,21 +200,19 @@ def syncer(
     verbose: VerboseOption = False,
 ) -> None:
     """Keep Kubernetes and Slurm in step about every node (leader-elected)."""
+    from sunk.component import Election, SlurmAccess
     from sunk.syncer.ratelimit import WriteLimits
     from sunk.syncer.run import SyncerConfig, main
 
     _component_logging(verbose)
     main(
         SyncerConfig(
-            slurmrestd_url=slurmrestd,
-            jwt_key_file=jwt_key,
-            jwt_token_file=jwt_token,
-            slurm_user=slurm_user,
+            slurm=SlurmAccess(slurmrestd, jwt_key, jwt_token, slurm_user),
+            election=Election("sunk-syncer", lease_namespace),
             kubeconfig=kubeconfig,
             namespace=namespace,
             watched_conditions=tuple(drain_on_condition or ()),
             lock_effect=lock_effect,
-            lease_namespace=lease_namespace,
             metrics_port=metrics_port or None,
             limits=WriteLimits(slurm_writes, slurm_burst, kube_writes, kube_burst),
         )
@@ -283,16 +279,15 @@ def scheduler(
     verbose: VerboseOption = False,
 ) -> None:
     """Place pods on NodeSet nodes through Slurm jobs (leader-elected)."""
+    from sunk.component import Election, SlurmAccess
     from sunk.scheduler.run import SchedulerConfig, main
 
     _component_logging(verbose)
     types = dict(item.split("=", 1) for item in gpu_type or [])
     main(
         SchedulerConfig(
-            slurmrestd_url=slurmrestd,
-            jwt_key_file=jwt_key,
-            jwt_token_file=jwt_token,
-            slurm_user=slurm_user,
+            slurm=SlurmAccess(slurmrestd, jwt_key, jwt_token, slurm_user),
+            election=Election(scheduler_name, lease_namespace),
             kubeconfig=kubeconfig,
             scheduler_name=scheduler_name,
             namespace=namespace,
@@ -302,7 +297,6 @@ def scheduler(
             gpu_types=types,
             kill_wait=kill_wait,
             poll_interval=poll_interval,
-            lease_namespace=lease_namespace,
             metrics_port=metrics_port or None,
             seal_secret_name=job_seal_secret,
             tenancy_configmap=tenancy_configmap,

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +14,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 from prometheus_client import start_http_server
 
+from sunk.component import Election, SlurmAccess, Wiring, run_elected
 from sunk.kube.client import kube_client
-from sunk.kube.leader import LeaderElector
 from sunk.kube.retry import until_answered
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
@@ -25,8 +23,7 @@ from sunk.scheduler.request import SCHEDULER_NAME, Options
 from sunk.scheduler.seal import JobSeal, new_secret
 from sunk.scheduler.tenancy_watch import TenancyWatch
 from sunk.service import run_until_terminated
-from sunk.slurm.auth import slurm_credentials, tenant_credentials
-from sunk.slurm.client import SlurmClient
+from sunk.slurm.auth import tenant_credentials
 from sunk.slurm.view import SlurmView
 
 log = logging.getLogger(__name__)
@@ -41,12 +38,11 @@ READ_SHARE = 0.1
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    slurmrestd_url: str
-    jwt_key_file: Path | None  # mint tokens for slurm_user from the key, or
-    jwt_token_file: Path | None  # read the tokens `sunk tokens` mints (one of the two)
-    slurm_user: str = "slurm"  # its own user: reads jobs and nodes
+    slurm: SlurmAccess  # its own user only reads jobs and nodes
+    # The Lease; its namespace also holds the seal Secret and the tenancy ConfigMap.
+    election: Election
     # The tokens `sunk tokens` keeps for each granted uid (a mounted Secret); without
-    # it, they are minted from jwt_key_file.
+    # it, they are minted from the Slurm access's key file.
     tenant_tokens_dir: Path | None = None
     kubeconfig: Path | None = None
     scheduler_name: str = SCHEDULER_NAME
@@ -58,12 +54,10 @@ class SchedulerConfig:
     kill_wait: int = 30
     grace_margin: int = 1
     poll_interval: float = 0.25
-    lease_namespace: str = "default"
-    identity: str = ""
     metrics_port: int | None = 9090  # None: no /metrics endpoint
-    # The Secret (in lease_namespace) holding the job seal's secret; made on first start.
+    # The Secret (in the Lease's namespace) with the job seal's secret; made on first start.
     seal_secret_name: str = "sunk-scheduler-seal"  # noqa: S105 - a name, not a secret
-    # The ConfigMap (in lease_namespace) with the tenancy, key `tenancy.yaml`.
+    # The ConfigMap (in the Lease's namespace) with the tenancy, key `tenancy.yaml`.
     tenancy_configmap: str = "sunk-scheduler-tenancy"
 
 
@@ -97,13 +91,10 @@ async def job_seal_secret(kube: AsyncClient, namespace: str, name: str) -> bytes
 
 
 async def run_scheduler(config: SchedulerConfig) -> None:
-    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
     metrics = SchedulerMetrics()
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, registry=metrics.registry)
-    kube = kube_client(config.kubeconfig, config.scheduler_name)
-    credentials = slurm_credentials(config.jwt_key_file, config.jwt_token_file, config.slurm_user)
-    tenants = tenant_credentials(config.jwt_key_file, config.tenant_tokens_dir)
+    tenants = tenant_credentials(config.slurm.jwt_key_file, config.tenant_tokens_dir)
     options = Options(
         partition=config.partition,
         constraint=config.constraint,
@@ -111,29 +102,28 @@ async def run_scheduler(config: SchedulerConfig) -> None:
         kill_wait=config.kill_wait,
         grace_margin=config.grace_margin,
     )
+    home = config.election.namespace
+    kube = kube_client(config.kubeconfig, config.scheduler_name)
     secret = await until_answered(
         "reading the job seal's Secret",
-        lambda: job_seal_secret(kube, config.lease_namespace, config.seal_secret_name),
+        lambda: job_seal_secret(kube, home, config.seal_secret_name),
     )
-    seal = JobSeal(secret, config.slurm_user)
-    async with (
-        SlurmClient(config.slurmrestd_url, credentials) as slurm,
-        SlurmView(
-            slurm,
+    seal = JobSeal(secret, config.slurm.user)
+
+    async def lead(wiring: Wiring) -> None:
+        async with SlurmView(
+            wiring.slurm,
             interval=config.poll_interval,
             stale_after=VIEW_STALE_AFTER,
             watch_nodes=False,  # Slurm nodes come from the NodeSet pods
             # A burst of pods changes jobs on every poll: reading them all must not
             # starve the allocations (the pods bound at once do not need the view).
             read_share=READ_SHARE,
-        ) as view,
-    ):
-
-        async def lead() -> None:
-            tenancy = TenancyWatch(kube, config.lease_namespace, config.tenancy_configmap)
+        ) as view:
+            tenancy = TenancyWatch(wiring.kube, home, config.tenancy_configmap)
             scheduler = Scheduler(
-                kube,
-                slurm,
+                wiring.kube,
+                wiring.slurm,
                 view,
                 seal=seal,
                 tenancy=tenancy.current,
@@ -151,10 +141,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
                 await tenancy.ready.wait()  # no pod is refused for a tenancy not yet read
                 group.create_task(scheduler.run())
 
-        elector = LeaderElector(
-            kube, namespace=config.lease_namespace, name=config.scheduler_name, identity=identity
-        )
-        await elector.run(lead)
+    await run_elected(config.scheduler_name, kube, config.slurm, config.election, lead)
 
 
 def main(config: SchedulerConfig) -> None:
