@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sunk.metrics import ControllerMetrics
+
 NAMESPACE = "sunk_scheduler"
 
 
-class SchedulerMetrics:
+class SchedulerMetrics(ControllerMetrics):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        super().__init__(NAMESPACE, "scheduler", "key (a pod or a gang) and its job", registry)
         self.jobs = Counter(
             f"{NAMESPACE}_jobs_total",
             "Slurm jobs asked for, by kind: an allocation Slurm started at once, or a"
@@ -44,29 +46,8 @@ class SchedulerMetrics:
             "Pods refused (bad annotations, or Slurm refused the job); they stay Pending.",
             registry=self.registry,
         )
-        self.reconcile_seconds = Histogram(
-            f"{NAMESPACE}_reconcile_seconds",
-            "Time to reconcile one key (a pod or a gang) and its job.",
-            registry=self.registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-        )
-        self.errors = Counter(
-            f"{NAMESPACE}_errors_total",
-            "Reconciles that failed and will be retried.",
-            registry=self.registry,
-        )
         self.pending_pods = Gauge(
             f"{NAMESPACE}_pending_pods",
             "Pods of this scheduler not bound yet (waiting for Slurm, or refused).",
-            registry=self.registry,
-        )
-        self.slurm_requests = Gauge(
-            f"{NAMESPACE}_slurm_requests",
-            "REST requests sent to slurmrestd since the scheduler started.",
-            registry=self.registry,
-        )
-        self.view_fresh = Gauge(
-            f"{NAMESPACE}_slurm_view_fresh",
-            "1 while the Slurm view is fresh; 0 while stale (the scheduler then waits).",
             registry=self.registry,
         )

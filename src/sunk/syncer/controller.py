@@ -281,7 +281,7 @@ class Syncer:
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
 
     async def reconcile(self, name: str) -> Result | None:
-        with self.metrics.sync_seconds.time():
+        with self.metrics.reconcile_seconds.time():
             try:
                 return await self._reconcile(name)
             except Exception:
