@@ -29,7 +29,8 @@ from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import SlurmBed, create, set_capacity, slurm_bed, wait_for
-from sunk.scheduler.controller import STOP_MARGIN, Scheduler
+from sunk.scheduler.controller import Scheduler
+from sunk.scheduler.decide import STOP_MARGIN
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
     ANNOTATION_ACCOUNT,

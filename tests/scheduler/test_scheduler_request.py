@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
-from sunk.scheduler.controller import STOP_MARGIN, _refused_allocation, _time_to_stop
+from sunk.scheduler.controller import _refused_allocation
+from sunk.scheduler.decide import STOP_MARGIN, time_to_stop
 from sunk.scheduler.request import (
     ANNOTATION_EXCLUSIVE,
     ANNOTATION_GPU_TYPE,
@@ -187,13 +188,13 @@ def test_pods_stop_before_slurm_ends_their_allocation() -> None:
     pods = [pod(grace=10), pod("q", grace=20)]
     running = Job(job_id=1, job_state=("RUNNING",), end_time=1_000)
     # No time limit: Slurm's end_time (a year out) is no deadline.
-    assert _time_to_stop(running, pods, now=500) is None
+    assert time_to_stop(running, pods, now=500) is None
     limited = running.model_copy(update={"time_limit": 10})
     # The longest grace period, and the margin for the removal, before the end.
-    assert _time_to_stop(limited, pods, now=900) == 80 - STOP_MARGIN
-    assert _time_to_stop(limited, pods, now=990) == 0
+    assert time_to_stop(limited, pods, now=900) == 80 - STOP_MARGIN
+    assert time_to_stop(limited, pods, now=990) == 0
     preempted = running.model_copy(update={"preempt_time": 950})
-    assert _time_to_stop(preempted, pods, now=950) == 0
+    assert time_to_stop(preempted, pods, now=950) == 0
 
 
 def test_a_refused_immediate_allocation_is_nobodys_job() -> None:

@@ -4,7 +4,7 @@ Keys are what a job's comment carries (`<namespace>/<pod uid>` or
 `<namespace>/gang:<name>`), so pod events, Slurm job events and a restart all
 lead to the same key. Each reconcile reads the pods (informer) and the job
 (Slurm view, or a direct read when the view has not seen it yet) as they are
-now, and moves them one step towards agreement:
+now, and carries out what `decide.decide` says, one step towards agreement:
 
 - pending pods, no job → ask for one (after looking for one: never twice):
   an allocation that starts now, bound in the same step, or else a batch
@@ -53,6 +53,20 @@ from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.raw import bind_pod, delete_pod
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
+from sunk.scheduler.decide import (
+    Bind,
+    Cancel,
+    Drop,
+    Evict,
+    Pending,
+    Submit,
+    active,
+    bound,
+    decide,
+    deleting,
+    eviction_reason,
+    pod_annotations,
+)
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import (
     ANNOTATION_JOB_ID,
@@ -61,7 +75,6 @@ from sunk.scheduler.request import (
     InvalidPod,
     Options,
     gang_of,
-    grace_seconds,
     identity_of,
     job_key,
     job_spec,
@@ -83,7 +96,6 @@ from sunk.slurm.view import JobEvent, Resync, SlurmView, StateEvent, Subscriptio
 
 log = logging.getLogger(__name__)
 
-ACTIVE = ("PENDING", "RUNNING", "SUSPENDED")
 # Every key is looked at again this often: what events missed (orphans on
 # either side) is found within it.
 SWEEP_INTERVAL = 10.0
@@ -97,11 +109,6 @@ INVALID_RETRY = 60.0
 # After a submit that may or may not have been taken, look again this late
 # (more than slurmrestd's MessageTimeout-bound wait) before submitting anew.
 UNCERTAIN_WAIT = 15.0
-# A pod told to stop for its job's time limit is gone its grace period plus
-# this before the limit: the kubelet's kill and report, the pod's removal and
-# the job's cancel take seconds on a busy node (at 1 s, Slurm's limit ended a
-# job first, TIMEOUT, in one CI run).
-STOP_MARGIN = 5.0
 # A tenant's token not there yet (its uid just granted): looked for again after this.
 TOKEN_RETRY = 5.0
 # A job this process submitted is waited for this long to appear in the view
@@ -121,22 +128,6 @@ def _pod_name(pod: Pod) -> str:
     return (pod.metadata.name if pod.metadata else None) or ""
 
 
-def _annotations(pod: Pod) -> dict[str, str]:
-    return dict((pod.metadata.annotations if pod.metadata else None) or {})
-
-
-def _terminal(pod: Pod) -> bool:
-    return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
-
-
-def _deleting(pod: Pod) -> bool:
-    return bool(pod.metadata and pod.metadata.deletionTimestamp)
-
-
-def _bound(pod: Pod) -> bool:
-    return bool(pod.spec and pod.spec.nodeName)
-
-
 def _pod_key(pod: Pod) -> str:
     """The pod's work key (by the pod alone if its gang labels are malformed)."""
     assert pod.metadata is not None
@@ -147,39 +138,10 @@ def _pod_key(pod: Pod) -> str:
     return job_key(pod.metadata.namespace or "default", _pod_uid(pod), gang)
 
 
-def _active(job: Job | None) -> bool:
-    return job is not None and job.state in ACTIVE
-
-
 def _refused_allocation(job: Job) -> bool:
     """An immediate allocation Slurm could not start: it leaves a FAILED record
     that never had nodes. Not a job of its key (the batch placeholder is)."""
     return not job.batch_flag and job.state == "FAILED" and not job.nodes
-
-
-def _eviction_reason(job_id: int | None, job: Job | None) -> str:
-    if job is None:
-        return f"Slurm job {job_id} is gone"
-    if job.state == "RUNNING" and job.preempt_time:
-        return f"Slurm job {job_id} was preempted"
-    reason = job.state_reason if job.state_reason not in ("", "None") else ""
-    return f"Slurm job {job_id} is {job.state}" + (f" ({reason})" if reason else "")
-
-
-def _time_to_stop(job: Job, pods: Sequence[Pod], now: float) -> float | None:
-    """Seconds until the pods must be told to stop so that they are gone before
-    Slurm ends their allocation (0: now), or None while it has no end in sight.
-
-    A preempted job runs on for its GraceTime, then ends: the pods go at once,
-    and the scheduler cancels the job as soon as they are gone. A time limit
-    ends the job: the pods go their grace period, and STOP_MARGIN, before it.
-    """
-    if job.preempt_time:
-        return 0.0
-    if job.time_limit is None or not job.end_time:
-        return None
-    grace = max((grace_seconds(p) for p in pods), default=0)
-    return max(0.0, job.end_time - grace - STOP_MARGIN - now)
 
 
 class RecentIds:
@@ -287,9 +249,9 @@ class Scheduler:
                 self._pods_by_key.pop(old_key, None)
             self.queue.add(old_key)
         uid = _pod_uid(event.obj)
-        if event.new is None or _deleting(event.new):
+        if event.new is None or deleting(event.new):
             self._first_seen.pop(uid, None)
-        elif not _bound(event.new):  # popped by the bind (its event may come first)
+        elif not bound(event.new):  # popped by the bind (its event may come first)
             self._first_seen.setdefault(uid, time.monotonic())
         if event.new is not None:
             key = _pod_key(event.new)
@@ -398,13 +360,13 @@ class Scheduler:
         if (mine := self._submitted.get(key)) is not None:
             ids.add(mine[0])
         for pod in pods:
-            if (written := _annotations(pod).get(ANNOTATION_JOB_ID, "")).isdigit():
+            if (written := pod_annotations(pod).get(ANNOTATION_JOB_ID, "")).isdigit():
                 ids.add(int(written))
         ids = {i for i in ids if i not in self._dropped}
         known = [(i, jobs.get(i)) for i in sorted(ids)]
         known = [(i, job) for i, job in known if job is None or self._seal.key_of(job) == key]
         for job_id, job in known:
-            if _active(job):
+            if active(job):
                 return job_id, job
         foreign: set[int] = set()
         for job_id, job in reversed(known):
@@ -440,7 +402,7 @@ class Scheduler:
                     raise
 
     def _count_pending(self) -> int:
-        return sum(1 for pod in self._pods.items() if not _bound(pod) and not _deleting(pod))
+        return sum(1 for pod in self._pods.items() if not bound(pod) and not deleting(pod))
 
     async def _reconcile(self, key: str) -> Result | None:
         if not self._view.fresh:
@@ -451,82 +413,30 @@ class Scheduler:
         job_id, job = await self._job_of(key, pods)
         if job is NOT_SEEN_YET:
             return Result(requeue_after=UNSEEN_WAIT)  # a JobEvent comes first, normally
-        live = [p for p in pods if not _terminal(p) and not _deleting(p)]
-        if not pods:
-            await self._cancel(key, job_id, job, "its pods are gone")
-            return None
-        gang = gang_of(live[0]) if live else None
-        wanted = gang.size if gang is not None else 1
-        bound = [p for p in live if _bound(p)]
-        if bound or (job is not None and job.state == "RUNNING" and any(map(_bound, pods))):
-            return await self._keep_running(key, pods, live, job_id, job, wanted)
-        # Nothing bound yet.
-        if len(live) < wanted or len(live) < len(pods):
-            # Pods of the gang missing or finished (or the pod itself deleted): no job may run.
-            if job_id is not None and _active(job):
-                self._dropped.add(job_id)
-                # Nor may the pods keep its id: a restarted scheduler would take the
-                # ended job for theirs and evict them once the gang is whole again.
-                for pod in live:
-                    if ANNOTATION_JOB_ID in _annotations(pod):
+        decision = decide(pods, job_id, job, time.time())
+        result = None
+        if decision.requeue_after is not None:
+            result = Result(requeue_after=decision.requeue_after)
+        for action in decision.actions:
+            match action:
+                case Cancel(why=why):
+                    await self._cancel(key, job_id, job, why)
+                case Evict(pods=evicted, why=why):
+                    await self._evict(evicted, job_id, job, why)
+                case Bind(pods=unbound):
+                    assert job is not None  # a running job's pods are bound
+                    await self._bind(key, unbound, job_id, job)
+                case Submit(pods=waiting, gang=gang):
+                    result = await self._submit(key, waiting, gang)
+                case Pending(pods=waiting, message=message, job_id=pending_job):
+                    await self._pending(waiting, message, pending_job)
+                case Drop(job_id=dropped, carriers=carriers):
+                    self._dropped.add(dropped)
+                    for pod in carriers:
                         await self._patch_pod(
                             pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: None}}}
                         )
-            await self._cancel(key, job_id, job, "the pods it was for are not all pending")
-            if live and len(live) < wanted:
-                await self._pending(live, f"waiting for the gang: {len(live)} of {wanted} pods")
-            return None
-        if job is not None and not _active(job):
-            # Cancelled, timed out or failed before it could be bound: the pods go too.
-            await self._evict(live, job_id, job)
-            return None
-        if job is None:
-            if job_id is not None:
-                await self._evict(live, job_id, None)  # its job is gone
-                return None
-            return await self._submit(key, live, gang)
-        if job.state == "RUNNING":
-            if job.preempt_time:  # preempted before the pods ran: they go with it
-                await self._cancel(key, job_id, job, "preempted before its pods were bound")
-                await self._evict(live, job_id, job)
-                return None
-            await self._bind(key, live, job_id, job)
-            return None
-        if job.state_reason != "None":  # "None": Slurm has not looked at it yet
-            await self._pending(
-                live, f"Slurm job {job_id} {job.state.lower()}: {job.state_reason}", job_id
-            )
-        return None
-
-    async def _keep_running(
-        self,
-        key: str,
-        pods: Sequence[Pod],
-        live: Sequence[Pod],
-        job_id: int | None,
-        job: Job | None,
-        wanted: int,
-    ) -> Result | None:
-        """Pods are (partly) bound: they stay only while their job runs, all of them."""
-        running = job is not None and job.state == "RUNNING"
-        if running and len(live) == len(pods) == wanted:
-            assert job is not None
-            left = _time_to_stop(job, live, time.time())
-            if left == 0:
-                # Slurm ends the allocation soon: the pods go first; the job is
-                # cancelled once they are gone (which frees the nodes early).
-                soon = "was preempted" if job.preempt_time else "reaches its time limit"
-                await self._evict(live, job_id, job, f"Slurm job {job_id} {soon}")
-                return None
-            if unbound := [p for p in live if not _bound(p)]:
-                await self._bind(key, unbound, job_id, job)
-            return Result(requeue_after=left) if left is not None else None
-        if running and not any(map(_terminal, pods)) and all(map(_deleting, pods)):
-            return None  # they are stopping; the job ends once they are gone
-        # A member finished or was deleted, or the job ended or was requeued: end it all.
-        await self._cancel(key, job_id, job, "its pods no longer all run")
-        await self._evict(live, job_id, job)
-        return None
+        return result
 
     # -- actions -----------------------------------------------------------------------
 
@@ -663,7 +573,7 @@ class Scheduler:
             if (
                 pod.metadata
                 and pod.metadata.name == slurm_node
-                and not _deleting(pod)
+                and not deleting(pod)
                 # A label alone (anyone's to write) makes no pod a slurmd's.
                 and owning_nodeset(pod) is not None
             ):
@@ -717,7 +627,7 @@ class Scheduler:
         )
 
     async def _cancel(self, key: str, job_id: int | None, job: Job | None, why: str) -> None:
-        if job_id is None or not _active(job):
+        if job_id is None or not active(job):
             if not self._pods_by_key.get(key):
                 self._submitted.pop(key, None)
                 self._reported.pop(key, None)
@@ -754,9 +664,9 @@ class Scheduler:
     async def _evict(
         self, pods: Sequence[Pod], job_id: int | None, job: Job | None, why: str = ""
     ) -> None:
-        why = why or _eviction_reason(job_id, job)
+        why = why or eviction_reason(job_id, job)
         for pod in pods:
-            if _deleting(pod):
+            if deleting(pod):
                 continue
             assert pod.metadata is not None
             log.info("evict %s/%s: %s", pod.metadata.namespace, pod.metadata.name, why)
@@ -786,7 +696,7 @@ class Scheduler:
         the pending job's id on the pod."""
         for pod in pods:
             assert pod.metadata is not None
-            if job_id is not None and _annotations(pod).get(ANNOTATION_JOB_ID) != str(job_id):
+            if job_id is not None and pod_annotations(pod).get(ANNOTATION_JOB_ID) != str(job_id):
                 await self._patch_pod(
                     pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}}}
                 )
