@@ -23,6 +23,9 @@ One poll loop per view keeps every node and job in memory:
   raises `SlurmStaleError` (controllers must not act on old data). The loop
   keeps trying with back-off; the first success re-reads everything, emits
   the differences and a FRESH state event. No new client is needed.
+
+Over 500 lines on purpose: the poll loop, its cache and its fallbacks for
+Slurm's defects are one state machine, easier to read whole than split.
 - `refresh()` / `refresh_node()` force a read now, before a dangerous action.
 """
 

@@ -12,6 +12,9 @@ sunk's own reason still in place. Every action, and every Slurm state that
 shows up on Kubernetes, is told as an Event. While Slurm's view is stale
 nothing is done on either side: the node and pod get SlurmSynced=False, the
 syncer's Lease an Event, and the work resumes by itself once Slurm answers.
+
+Over 500 lines: the decisions are pure (`decide.py`); what is here is the
+I/O of both sides (informers, writes, locks, Events), kept beside the loop.
 """
 
 from __future__ import annotations
