@@ -68,7 +68,6 @@ from sunk.scheduler.decide import (
     bound,
     decide,
     deleting,
-    eviction_reason,
     pod_annotations,
 )
 from sunk.scheduler.metrics import SchedulerMetrics
@@ -469,13 +468,13 @@ class Scheduler:
             self._reindex_jobs()
             self.queue.add(key)
             return None
-        slurm = self._as_owner(spec.user_id)
+        slurm = self._as_owner(identity.user_id)
         try:
             await slurm.credentials.token()
         except (OSError, ValueError) as exc:
             # A uid granted a moment ago: `sunk tokens` writes its token at
             # once, and the kubelet brings it to this pod within a minute.
-            await self._pending(pods, f"no Slurm token for uid {spec.user_id} yet: {exc}")
+            await self._pending(pods, f"no Slurm token for uid {identity.user_id} yet: {exc}")
             return Result(requeue_after=TOKEN_RETRY)
         try:
             result, allocated = await self._place(slurm, spec)
@@ -508,12 +507,10 @@ class Scheduler:
             await self._bind(key, pods, result.job_id, job)
         return None
 
-    def _as_owner(self, uid: int | None) -> SlurmClient:
-        """The client that acts as a job's owner, the tenant's uid: an allocation
+    def _as_owner(self, uid: int) -> SlurmClient:
+        """The client that acts as a job's owner, a tenant's uid: an allocation
         runs as the token's user, whatever `user_id` says (measured on 24.11),
         and only the owner's token may end a job."""
-        if uid is None or uid < MIN_ID:
-            return self._slurm
         return self._slurm.acting_as(self._tenants.for_uid(uid))
 
     async def _place(self, slurm: SlurmClient, spec: JobSpec) -> tuple[SubmitResult, bool]:
@@ -666,9 +663,8 @@ class Scheduler:
             log.warning("could not signal job %d (%s): it ends after KillWait", job_id, exc)
 
     async def _evict(
-        self, pods: Sequence[Pod], job_id: int | None, job: Job | None, why: str = ""
+        self, pods: Sequence[Pod], job_id: int | None, job: Job | None, why: str
     ) -> None:
-        why = why or eviction_reason(job_id, job)
         for pod in pods:
             if deleting(pod):
                 continue
