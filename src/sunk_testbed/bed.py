@@ -161,8 +161,9 @@ class Bed:
         user = charts.User(USER_NAME, USER_UID, charts.new_ssh_key(key))
         charts.make_homes(self.files / "home", [user])
         helm = Helm(prepared.helm, kube.admin_kubeconfig, self.files / "helm")
-        await asyncio.to_thread(
-            helm.upgrade_install,
+        await charts.install(
+            helm,
+            client,
             CLUSTER_RELEASE,
             "sunk-cluster",
             NAMESPACE,
@@ -182,8 +183,9 @@ class Bed:
             images=prepared.images,
             slurm_config={"KillWait": KILL_WAIT},
         )
-        await asyncio.to_thread(
-            helm.upgrade_install,
+        await charts.install(
+            helm,
+            client,
             RELEASE,
             "slurm",
             NAMESPACE,

@@ -26,6 +26,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
+from sunk_testbed.helm import Helm, HelmError
 from sunk_testbed.images import Image, ImageSet
 from sunk_testbed.slurm_cluster import SANDBOX_SETTINGS
 
@@ -301,6 +302,54 @@ async def unready_pods(kube: AsyncClient, namespace: str) -> str:
         phase = pod.status.phase if pod.status else "?"
         lines.append(f"  {pod.metadata.name} ({phase}) {'; '.join(why)}")
     return "\n".join(lines) or "  (every pod is Ready)"
+
+
+async def failed_pod_logs(kube: AsyncClient, namespace: str, lines: int = 20) -> str:
+    """The last lines of every container of each Failed pod in `namespace`
+    (a hook Job's pods, say), for an error that names why."""
+    report = []
+    async for pod in kube.list(Pod, namespace=namespace):
+        name = pod.metadata.name if pod.metadata else None
+        if name is None or pod.status is None or pod.status.phase != "Failed":
+            continue
+        for status in [
+            *(pod.status.initContainerStatuses or []),
+            *(pod.status.containerStatuses or []),
+        ]:
+            try:
+                text = [
+                    line
+                    async for line in kube.log(
+                        name,
+                        namespace=namespace,
+                        container=status.name,
+                        tail_lines=lines,
+                    )
+                ]
+            except Exception as error:  # a report must not fail
+                text = [f"(no log: {error})\n"]
+            report.append(f"--- {name}/{status.name}\n{''.join(text).rstrip()}")
+    return "\n".join(report) or "(no failed pods)"
+
+
+async def install(
+    helm: Helm,
+    kube: AsyncClient,
+    release: str,
+    chart: str,
+    namespace: str,
+    values: Mapping[str, Any],
+    values_file: Path,
+) -> str:
+    """`helm upgrade --install`; when it fails, the error carries the logs of
+    the pods that failed (helm names a failed hook Job, never why)."""
+    try:
+        return await asyncio.to_thread(
+            helm.upgrade_install, release, chart, namespace, values, values_file=values_file
+        )
+    except HelmError as error:
+        logs = await failed_pod_logs(kube, namespace)
+        raise RuntimeError(f"{error}\nfailed pods in {namespace}:\n{logs}") from None
 
 
 async def wait_until(what: str, check: Any, within: float, interval: float = 0.5) -> Any:

@@ -197,16 +197,18 @@ async def bed(
         await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
         await charts.apply_volumes(kube, state / "volumes")
         await _shared_state_claim(kube, namespace, state / "ctld-state")
-        await asyncio.to_thread(
-            helm.upgrade_install,
+        await charts.install(
+            helm,
+            kube,
             "sunk",
             "sunk-cluster",
             namespace,
             cluster_values,
             values_file=state / "cluster-values.yaml",
         )
-        await asyncio.to_thread(
-            helm.upgrade_install,
+        await charts.install(
+            helm,
+            kube,
             RELEASE,
             "slurm",
             namespace,
