@@ -28,7 +28,8 @@ def test_offered_endpoints_per_version() -> None:
 
 def test_choose_the_newest_common_version() -> None:
     assert choose_version(["v0.0.40", "v0.0.41", "v0.0.42"]) == "v0.0.42"
-    assert choose_version(["v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"]) == "v0.0.44"
+    assert choose_version(["v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"]) == "v0.0.45"
+    assert choose_version(["v0.0.44", "v0.0.45", "v0.0.46"]) == "v0.0.45"  # 26.11's is unknown
     assert choose_version(["v0.0.9", "v0.0.40"]) == "v0.0.40"  # numeric, not string order
     with pytest.raises(SlurmVersionError, match=r"v0\.0\.38"):
         choose_version(["v0.0.37", "v0.0.38"])

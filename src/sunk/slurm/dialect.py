@@ -11,7 +11,14 @@ Measured against Slurm 24.11.5 (v0.0.40-v0.0.42) and 26.05.5 (v0.0.42-v0.0.45):
 | reservation create/delete            | -                   | v0.0.43+ (Slurm 25.05+)      |
 | ping `responding`, `primary`         | absent (models.py   | present                      |
 |                                      | derives them)       |                              |
+| ping `pinged`, `mode`                | present             | gone in v0.0.45 (`status`    |
+|                                      |                     | instead; `up` = responding)  |
 
+v0.0.45 (26.05) against v0.0.44, for what sunk sends and reads (diffed from
+`slurmrestd --generate-openapi-spec`): the ping change above; a job read's
+`shared` is deprecated and ignored (sunk does not read it; submissions still
+take `shared`); new endpoints sunk does not use yet (`GET /conf`, job
+requeue, partition create/delete); the rest is new enum values and fields.
 Reads are the same shape in every version for the fields in models.py.
 Release-specific defects (24.11's 500 "Unable to query partitions" on
 incremental node reads) are not version properties: the view survives them at
@@ -28,7 +35,7 @@ from typing import Any
 from sunk.slurm.errors import SlurmVersionError
 from sunk.slurm.models import JobSpec, JobUpdate, NodeUpdate, ReservationSpec
 
-SUPPORTED_VERSIONS = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")
+SUPPORTED_VERSIONS = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 
 _PATH = re.compile(r"^/slurm/(v\d+\.\d+\.\d+)/(.*)$")
 _METHODS = ("get", "post", "put", "delete", "patch")

@@ -1,6 +1,6 @@
 """Typed views of what sunk reads from and sends to slurmrestd.
 
-Version-neutral: every data_parser from v0.0.40 to v0.0.44 sends these
+Version-neutral: every data_parser from v0.0.40 to v0.0.45 sends these
 fields in the same shape (checked against 24.11 and 26.05). Where versions
 differ, `dialect.py` adapts; nothing here knows about versions.
 
@@ -217,11 +217,12 @@ class Reservation(_Model):
 
 class ControllerPing(_Model):
     hostname: str = ""
-    pinged: str = ""  # "UP" or "DOWN"; DOWN also when the *token* is bad
+    pinged: str = ""  # v0.0.40-44: "UP" or "DOWN"; DOWN also when the *token* is bad
     responding: bool | None = None  # v0.0.42+ only
     latency: int = 0  # microseconds
-    mode: str = ""  # primary, backup1, ...
+    mode: str = ""  # v0.0.40-44: primary, backup1, ...
     primary: bool | None = None  # v0.0.42+ only; older versions say it in `mode`
+    status: str = ""  # v0.0.45+, in place of `pinged` and `mode`
 
     @model_validator(mode="after")
     def _fill_older_versions(self) -> ControllerPing:
@@ -234,7 +235,9 @@ class ControllerPing(_Model):
 
     @property
     def up(self) -> bool:
-        return self.pinged == "UP" and bool(self.responding)
+        if self.pinged:  # v0.0.40-44
+            return self.pinged == "UP" and bool(self.responding)
+        return bool(self.responding)
 
 
 class Diag(_Model):
