@@ -752,3 +752,26 @@ async def test_view_goes_stale_then_recovers_over_a_restd_restart(
         assert node.reason == "while-away"
         assert view.stats.failures >= 1
 
+
+async def test_one_request_drains_and_resumes_several_nodes(slurm: SlurmClient, bed: Bed) -> None:
+    """`update_nodes` names its nodes as a hostlist in the path (brackets and
+    commas encoded): slurmrestd passes it to slurmctld, which updates them all."""
+    names = bed.access.nodes[-3:]  # three on trixie's bed, two on sid's
+    reason = f"sunk port bulk {uuid.uuid4().hex[:6]}"
+    async with contextlib.AsyncExitStack() as stack:
+        for name in names:
+            await stack.enter_async_context(restored(slurm, name))
+        await slurm.update_nodes(names, NodeUpdate(state="DRAIN", reason=reason))
+        for name in names:
+            node = await slurm.node(name)
+            assert node is not None
+            assert node.draining
+            assert node.reason == reason
+
+        await slurm.update_nodes(names, NodeUpdate(state="RESUME"))
+
+        async def all_undrained() -> bool:
+            nodes = [await slurm.node(name) for name in names]
+            return all(node is not None and not node.draining for node in nodes)
+
+        await eventually(f"{', '.join(names)} undrained", all_undrained)

@@ -25,9 +25,10 @@ import copy
 import logging
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx2
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -54,6 +55,7 @@ from sunk.slurm.errors import (
     SlurmUnavailableError,
     SlurmUnsupportedError,
 )
+from sunk.slurm.hostlist import compress
 from sunk.slurm.models import (
     ControllerPing,
     Diag,
@@ -551,10 +553,24 @@ class SlurmClient:
 
     async def update_node(self, name: str, update: NodeUpdate) -> None:
         """Change state/reason/features/comment; needs an admin (root or SlurmUser) token."""
+        await self.update_nodes([name], update)
+
+    async def update_nodes(self, names: Sequence[str], update: NodeUpdate) -> None:
+        """Make one change to many nodes in one request, as `scontrol update
+        nodename=gpu[01-40]` does: slurmctld takes a hostlist where a name goes.
+
+        Slurm applies it node by node and answers with the last failure, so after
+        an error some of the nodes may have changed (all before an unknown name,
+        all but the refused ones otherwise).
+        """
+        if not names:
+            raise ValueError("no nodes to update")
         dialect = await self.dialect()
+        # slurmrestd takes only unreserved characters in a path, and decodes
+        # %XX: the hostlist's brackets and commas go encoded.
         await self._call(
             "POST",
-            f"node/{name}",
+            f"node/{quote(compress(names), safe='')}",
             _Reply,
             idempotent=True,
             json=dialect.node_update_body(update),

@@ -7,9 +7,11 @@ reconcile reads all three as they are now and applies what `decide` says,
 writing only what differs, so repeated or missed events do no harm.
 
 Writes to Slurm go out at once (a cordon reaches Slurm in one REST call),
-within the write rate limits; a resume is made only after a fresh read shows
-sunk's own reason still in place. Every action, and every Slurm state that
-shows up on Kubernetes, is told as an Event. While Slurm's view is stale
+within the write rate limits; the same write for many nodes at once (a rack
+cordoned: drains with one reason) goes as one request for all of them
+(`batch.py`). A resume is made only after a fresh read shows sunk's own
+reason still in place. Every action, and every Slurm state that shows up
+on Kubernetes, is told as an Event. While Slurm's view is stale
 nothing is done on either side: the node and pod get SlurmSynced=False, the
 syncer's Lease an Event, and the work resumes by itself once Slurm answers.
 
@@ -42,6 +44,7 @@ from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableErr
 from sunk.slurm.models import Node as SlurmNode
 from sunk.slurm.models import NodeUpdate
 from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
+from sunk.syncer.batch import BatchWriter
 from sunk.syncer.decide import (
     REASON_PREFIX,
     Condition,
@@ -181,6 +184,7 @@ class Syncer:
         limits = limits or WriteLimits()
         self.slurm_writes = TokenBucket(limits.slurm_rate, limits.slurm_burst)
         self.kube_writes = TokenBucket(limits.kube_rate, limits.kube_burst)
+        self._slurm_writer = BatchWriter(self._update_slurm_nodes, self.slurm_writes.acquire)
         self.metrics.write_wait.labels(api="slurm").set_function(lambda: self.slurm_writes.waited)
         self.metrics.write_wait.labels(api="kube").set_function(lambda: self.kube_writes.waited)
         self.metrics.slurm_requests.set_function(lambda: slurm.stats.requests)
@@ -354,9 +358,8 @@ class Syncer:
                     continue
                 if fresh.draining and fresh.reason == action.reason:
                     continue
-                await self.slurm_writes.acquire()
                 log.info("drain %s: %s", slurm_name, action.reason)
-                await self._slurm.drain(slurm_name, action.reason)
+                await self._slurm_writer.drain(slurm_name, action.reason)
                 self.metrics.actions.labels(kind="drain").inc()
                 if action.put_back:
                     await self._events.emit(
@@ -378,9 +381,8 @@ class Syncer:
                 fresh = await self._read_node(slurm_name)
                 # Resume only what is still ours: someone may have drained it since.
                 if fresh is not None and fresh.draining and fresh.reason == action.reason:
-                    await self.slurm_writes.acquire()
                     log.info("resume %s (was: %s)", slurm_name, action.reason)
-                    await self._slurm.resume(slurm_name)
+                    await self._slurm_writer.resume(slurm_name)
                     self.metrics.actions.labels(kind="resume").inc()
                     await self._events.emit(
                         node,
@@ -390,12 +392,16 @@ class Syncer:
                         action="Resume",
                     )
             elif isinstance(action, SetComment):
-                await self.slurm_writes.acquire()
                 log.info("comment %s: %s", slurm_name, action.comment)
-                await self._slurm.update_node(slurm_name, NodeUpdate(comment=action.comment))
+                await self._slurm_writer.comment(slurm_name, action.comment)
                 self.metrics.actions.labels(kind="comment").inc()
         if decision.slurm:
             self._view.poll_now()  # show what was written without waiting for the next poll
+
+    async def _update_slurm_nodes(self, names: Sequence[str], update: NodeUpdate) -> None:
+        """One request of the batch writer; the histogram shows how well writes coalesce."""
+        self.metrics.slurm_write_nodes.observe(len(names))
+        await self._slurm.update_nodes(names, update)
 
     async def _read_node(self, name: str) -> SlurmNode | None:
         """The Slurm node as it is now, read right before a write that depends on it.

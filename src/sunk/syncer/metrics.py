@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sunk.metrics import ControllerMetrics
 
@@ -31,4 +31,11 @@ class SyncerMetrics(ControllerMetrics):
             "Time writes have waited for the write rate limit, in total, by API.",
             ["api"],
             registry=self.registry,
+        )
+        self.slurm_write_nodes = Histogram(
+            f"{NAMESPACE}_slurm_write_nodes",
+            "Nodes per Slurm write request: above 1 when one change to many nodes "
+            "(a rack cordoned) went as one request.",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64),
         )
