@@ -27,7 +27,7 @@ from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
 from sunk_testbed.helm import Helm, HelmError
-from sunk_testbed.images import Image, ImageSet
+from sunk_testbed.images import DEFAULT_SLURM, Image, ImageSet
 from sunk_testbed.slurm_cluster import SANDBOX_SETTINGS
 
 STORAGE_CLASS = "sunk-local"
@@ -51,10 +51,11 @@ def slurm_values(
     nodeset: str = "compute",
     backup: bool = False,
     slurm_config: Mapping[str, str | int] | None = None,
+    slurm_release: str = DEFAULT_SLURM,
 ) -> dict[str, Any]:
     """Values of the slurm chart for the bed: one NodeSet on the nodes labelled
     `sunk.dev/pool=compute`, homes from the host's `home`, every pod from the
-    bed's images. Slurm keeps the chart's production settings (cgroup process
+    bed's images of `slurm_release`. Slurm keeps the chart's production settings (cgroup process
     tracking and task containment, `PrologFlags=Alloc,Contain`)."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
     # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
@@ -66,8 +67,9 @@ def slurm_values(
     }
     home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
     home_mount = {"name": "home", "mountPath": "/home"}
+    daemons, login = images.slurm_pair(slurm_release)
     return {
-        "image": {"repository": _repository(images.slurm), "tag": images.slurm.tag},
+        "image": {"repository": _repository(daemons), "tag": daemons.tag},
         "controller": {
             "backup": backup,
             "persistence": {"storageClassName": STORAGE_CLASS},
@@ -97,7 +99,7 @@ def slurm_values(
             "authorizedKeys": {user.name: user.public_key for user in users},
             "volumes": [home_volume],
             "volumeMounts": [home_mount],
-            "image": {"repository": _repository(images.login), "tag": images.login.tag},
+            "image": {"repository": _repository(login), "tag": login.tag},
         },
         "identity": {
             "users": [{"name": u.name, "uid": u.uid, "gid": u.uid} for u in users],

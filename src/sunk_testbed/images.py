@@ -1,10 +1,12 @@
 """sunk's container images, built on this machine and served by a local registry.
 
-The images under `images/` are ordinary Dockerfiles (`FROM debian:trixie-slim`).
+The images under `images/` are ordinary Dockerfiles (`FROM debian:<suite>-slim`).
 Here they are built without Docker: `testbed/images/base.sh` debootstraps a
-minbase trixie and slims it like Debian's official -slim image; that tarball
-is imported into buildah's storage as `docker.io/library/debian:trixie-slim`,
-so `buildah bud --pull=never` resolves the unchanged `FROM` line to it. Two
+minbase of the suite and slims it like Debian's official -slim image; that
+tarball is imported into buildah's storage as `docker.io/library/debian:<suite>-slim`,
+so `buildah bud --pull=never` resolves the unchanged `FROM` line to it. Slurm's
+images are built once per supported release, each from the Debian suite that
+ships it (`SLURM_SUITES`); sunk's own image is trixie's. Two
 more images are single static binaries: the pod sandbox's `pause` (Go, from
 `testbed/images/pause`) and `coredns` (a binary the node build makes).
 
@@ -46,8 +48,11 @@ from sunk_testbed.procs import Supervisor, free_port, tail
 # it to the bed's 127.0.0.1:PORT), so image refs do not carry a port.
 REGISTRY_HOST = "registry.sunk.test"
 
+# The base of sunk's own image.
 SUITE = "trixie"
-BASE_NAME = f"docker.io/library/debian:{SUITE}-slim"
+# Each supported Slurm release, and the Debian suite whose packages it is.
+SLURM_SUITES = {"26.05": "forky", "24.11": "trixie"}
+DEFAULT_SLURM = "26.05"
 # buildah keeps images built here under this prefix; the registry drops it.
 LOCAL_PREFIX = "localhost/"
 GO = Path("/usr/local/go/bin/go")
@@ -96,11 +101,24 @@ class Image:
 
 @dataclass(frozen=True)
 class ImageSet:
+    """What a bed's nodes pull. `slurm` and `login` are of the default Slurm
+    release (`DEFAULT_SLURM`); `slurm_24_11`/`login_24_11` of the older one."""
+
     slurm: Image
     login: Image
     sunk: Image
     pause: Image
+    slurm_24_11: Image
+    login_24_11: Image
     coredns: Image | None = None
+
+    def slurm_pair(self, release: str = DEFAULT_SLURM) -> tuple[Image, Image]:
+        """(daemons, login) images of one Slurm release."""
+        if release == DEFAULT_SLURM:
+            return self.slurm, self.login
+        if release == "24.11":
+            return self.slurm_24_11, self.login_24_11
+        raise ValueError(f"no images of Slurm {release}; there are {sorted(SLURM_SUITES)}")
 
     def all(self) -> list[Image]:
         images = [getattr(self, f.name) for f in fields(self)]
@@ -124,12 +142,13 @@ class _Spec:
     dockerfile: Path | None = None
     entrypoint: str = ""
     user: str = ""
+    suite: str = SUITE  # the Debian base of a Dockerfile's image
 
-    def tag(self, base_sha: str) -> str:
+    def tag(self, base_shas: dict[str, str]) -> str:
         digest = hashlib.sha256(f"r{BUILD_REVISION} {ISOLATION} {self.kind}\n".encode())
         digest.update(f"entrypoint {self.entrypoint} user {self.user}\n".encode())
         if self.dockerfile is not None:
-            digest.update(f"base {base_sha}\n".encode())
+            digest.update(f"suite {self.suite} base {base_shas[self.suite]}\n".encode())
             _hash_file(digest, REPO_ROOT, REPO_ROOT / self.dockerfile)
         for path in self.inputs:
             root = path.parent if path.is_absolute() else REPO_ROOT
@@ -159,11 +178,17 @@ def _tree_files(path: Path) -> list[Path]:
 
 def _specs(coredns: Path | None) -> list[_Spec]:
     slurm_inputs = (Path("testbed/slurm/install-slurm.sh"),)
-    specs = [
-        _Spec("slurm", "sunk/slurm", "dockerfile", slurm_inputs, Path("images/slurm/Dockerfile")),
-        _Spec(
-            "login", "sunk/slurm-login", "dockerfile", slurm_inputs, Path("images/login/Dockerfile")
-        ),
+    specs = []
+    for release, suite in SLURM_SUITES.items():
+        suffix = "" if release == DEFAULT_SLURM else "_" + release.replace(".", "_")
+        daemons, login = Path("images/slurm/Dockerfile"), Path("images/login/Dockerfile")
+        specs += [
+            _Spec(f"slurm{suffix}", "sunk/slurm", "dockerfile", slurm_inputs, daemons, suite=suite),
+            _Spec(
+                f"login{suffix}", "sunk/slurm-login", "dockerfile", slurm_inputs, login, suite=suite
+            ),
+        ]
+    specs += [
         _Spec(
             "sunk",
             "sunk/sunk",
@@ -272,34 +297,39 @@ class _Buildah:
 _BASE_LABEL = "test.sunk.rootfs-sha256"
 
 
-def _base_dir() -> Path:
+def base_name(suite: str) -> str:
+    return f"docker.io/library/debian:{suite}-slim"
+
+
+def _base_dir(suite: str) -> Path:
     """Keyed by what makes the base: the script and the mirror."""
     mirror = os.environ.get("SUNK_DEBIAN_MIRROR", "http://deb.debian.org/debian")
     script = (SCRIPTS / "images" / "base.sh").read_bytes()
     key = hashlib.sha256(script + mirror.encode()).hexdigest()[:12]
-    return images_dir() / f"base-{SUITE}-{key}"
+    return images_dir() / f"base-{suite}-{key}"
 
 
-def _ensure_base_rootfs(log: Log) -> tuple[Path, str]:
-    """The slim root filesystem tarball and its sha256 (built once per key)."""
-    out = _base_dir()
+def _ensure_base_rootfs(suite: str, log: Log) -> tuple[Path, str]:
+    """The suite's slim root filesystem tarball and its sha256 (built once per key)."""
+    out = _base_dir(suite)
     if not (out / ".complete").exists():
-        log(f"debootstrapping the {SUITE} base image into {out} (log: {build_log(out)})")
-        build_once(out, [str(SCRIPTS / "images" / "base.sh"), str(out), SUITE], "the base image")
+        log(f"debootstrapping the {suite} base image into {out} (log: {build_log(out)})")
+        build_once(out, [str(SCRIPTS / "images" / "base.sh"), str(out), suite], "the base image")
     return out / "rootfs.tar", (out / "rootfs.sha256").read_text().strip()
 
 
-def _import_base(buildah: _Buildah, tarball: Path, sha: str, log: Log) -> None:
-    """Store the tarball as debian:trixie-slim unless that exact one is stored."""
-    config = buildah.image_config(BASE_NAME) or {}
+def _import_base(buildah: _Buildah, suite: str, tarball: Path, sha: str, log: Log) -> None:
+    """Store the tarball as debian:<suite>-slim unless that exact one is stored."""
+    name = base_name(suite)
+    config = buildah.image_config(name) or {}
     if (config.get("Labels") or {}).get(_BASE_LABEL) == sha:
         return
-    log(f"importing the base as {BASE_NAME}")
+    log(f"importing the base as {name}")
     container = buildah.run("from", "scratch")
     try:
         buildah.run("add", container, str(tarball), "/")
         buildah.run("config", "--cmd", "bash", "--label", f"{_BASE_LABEL}={sha}", container)
-        buildah.run("commit", "--quiet", container, BASE_NAME)
+        buildah.run("commit", "--quiet", container, name)
     finally:
         buildah.run("rm", container)
 
@@ -316,18 +346,34 @@ def _build_dockerfile(buildah: _Buildah, spec: _Spec, name: str) -> None:
         buildah.run(
             "bud",
             *_host_trust_for_pip(),
+            *_apt_accepts_an_old_mirror(),
             "--pull=never",
             "--layers",  # slurm and login share their Slurm layer; sunk's deps survive src changes
             "--network",
             "host",
             "--isolation",
             ISOLATION,
+            "--build-arg",
+            f"DEBIAN_SUITE={spec.suite}",
             "--file",
             str(REPO_ROOT / spec.dockerfile),
             "--tag",
             name,
             context,
         )
+
+
+def _apt_accepts_an_old_mirror() -> list[str]:
+    """apt inside RUN steps takes Release files past their Valid-Until.
+
+    testing's and unstable's (forky's, for Slurm 26.05) are valid a week; a
+    mirror snapshot older than that is refused ("Release file ... is
+    expired"). Mounted for the build only, like pip's trust: the image keeps
+    an empty file at the mount point and no such setting.
+    """
+    config = images_dir() / "apt-no-valid-until.conf"
+    config.write_text('Acquire::Check-Valid-Until "false";\n')
+    return ["--volume", f"{config}:/etc/apt/apt.conf.d/99sunk-build-no-valid-until:ro"]
 
 
 def _host_trust_for_pip() -> list[str]:
@@ -498,13 +544,14 @@ def ensure_images(log: Log, *, coredns: Path | None = None) -> ImageSet:
     node build makes it); without it the set has no coredns image. One build
     at a time per cache: a second caller waits, then finds the images pushed.
     """
-    tarball, base_sha = _ensure_base_rootfs(log)
-    planned = [(spec, spec.tag(base_sha)) for spec in _specs(coredns)]
+    specs = _specs(coredns)
+    bases = {s.suite: _ensure_base_rootfs(s.suite, log) for s in specs if s.dockerfile}
+    planned = [(spec, spec.tag({k: sha for k, (_, sha) in bases.items()})) for spec in specs]
     if any(_pushed_digest(spec.repository, tag) is None for spec, tag in planned):
         with file_lock(images_dir() / "build.lock"):
             missing = [(s, t) for s, t in planned if _pushed_digest(s.repository, t) is None]
             if missing:
-                _build_and_push(missing, tarball, base_sha, log)
+                _build_and_push(missing, bases, log)
     found: dict[str, Image] = {}
     for spec, tag in planned:
         digest = _pushed_digest(spec.repository, tag)
@@ -520,12 +567,12 @@ def ensure_images(log: Log, *, coredns: Path | None = None) -> ImageSet:
 
 
 def _build_and_push(
-    missing: Sequence[tuple[_Spec, str]], tarball: Path, base_sha: str, log: Log
+    missing: Sequence[tuple[_Spec, str]], bases: dict[str, tuple[Path, str]], log: Log
 ) -> None:
     log_file = images_dir() / "build.log"
     buildah = _Buildah(log_file)
-    if any(spec.kind == "dockerfile" for spec, _ in missing):
-        _import_base(buildah, tarball, base_sha, log)
+    for suite in sorted({spec.suite for spec, _ in missing if spec.kind == "dockerfile"}):
+        _import_base(buildah, suite, *bases[suite], log)
     for spec, tag in missing:
         name = f"{LOCAL_PREFIX}{spec.repository}:{tag}"
         if buildah.image_config(name) is not None:  # built before, its push did not finish

@@ -19,7 +19,10 @@ rm -rf "$root" "$out"
 mkdir -p "$(dirname "$out")"
 # debootstrap mounts nothing for minbase, but a failed run may leave /proc.
 trap 'mountpoint -q "$root/proc" && umount -l "$root/proc"; true' EXIT
-debootstrap --variant=minbase "$suite" "$root" "$mirror"
+# A suite newer than this debootstrap knows (forky on trixie's) bootstraps like sid.
+script=/usr/share/debootstrap/scripts/$suite
+[[ -e $script ]] || script=/usr/share/debootstrap/scripts/sid
+debootstrap --variant=minbase "$suite" "$root" "$mirror" "$script"
 
 # As debuerreotype-slimify: dpkg skips these paths from now on...
 cat >"$root/etc/dpkg/dpkg.cfg.d/docker" <<'CFG'

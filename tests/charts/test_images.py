@@ -9,17 +9,20 @@ import pytest
 import yaml
 
 from sunk_testbed.helm import CHARTS
+from sunk_testbed.images import DEFAULT_SLURM, SLURM_SUITES
 from sunk_testbed.paths import REPO_ROOT
 
 IMAGES = REPO_ROOT / "images"
 INSTALL = "testbed/slurm/install-slurm.sh"
-BED_SUITE = "trixie"  # what Bed.prepare builds the root filesystem from
 
 
 @pytest.mark.parametrize("image", ["slurm", "login"])
 def test_slurm_images_run_the_root_filesystem_install_script(image: str) -> None:
     text = (IMAGES / image / "Dockerfile").read_text()
-    assert re.search(rf"^FROM debian:{BED_SUITE}(-slim)?$", text, re.MULTILINE)
+    # The suite is the Slurm release: the default one's, unless the build says otherwise.
+    default = SLURM_SUITES[DEFAULT_SLURM]
+    assert re.search(rf"^ARG DEBIAN_SUITE={default}$", text, re.MULTILINE)
+    assert re.search(r"^FROM debian:\$\{DEBIAN_SUITE\}-slim$", text, re.MULTILINE)
     assert f"COPY {INSTALL} /tmp/install-slurm.sh" in text
     assert "RUN bash /tmp/install-slurm.sh" in text
 
@@ -33,5 +36,8 @@ def test_the_charts_default_to_the_images_build_sh_makes() -> None:
     assert slurm["image"]["repository"] == f"{registry[1]}/slurm"
     assert slurm["login"]["image"]["repository"] == f"{registry[1]}/slurm-login"
     assert cluster["image"]["repository"] == f"{registry[1]}/sunk"
+    assert slurm["image"]["tag"] == DEFAULT_SLURM
     assert f"slurm_tag=${{2:-{slurm['image']['tag']}}}" in build
+    for release, suite in SLURM_SUITES.items():
+        assert f"{release}) suite={suite} ;;" in build
     assert f"sunk_tag=${{3:-{cluster['image']['tag']}}}" in build
