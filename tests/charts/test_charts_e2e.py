@@ -16,7 +16,6 @@ import contextlib
 import re
 import secrets
 import shutil
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from lightkube.resources.core_v1 import (
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
 
+from plugins.login_shell import LoginShell
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import node_states, restore_nodes
 from sunk.api import nodeset as nodeset_api
@@ -86,47 +86,12 @@ ADMIN_REASON = "bad DIMM, ticket 42"
 
 
 @dataclass
-class ChartBed:
-    kube: AsyncClient
+class ChartBed(LoginShell):
     helm: Helm
     nodes: RealNodes
-    namespace: str
     state: Path
-    key: Path
     values: dict[str, Any]
     compute_nodes: list[str]
-
-    async def login_address(self) -> str:
-        return await charts.wait_until(
-            "a ready login pod",
-            lambda: charts.pod_ip(self.kube, self.namespace, charts.component(RELEASE, "login")),
-            120,
-        )
-
-    async def ssh(self, command: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """`command` in a login shell of the plain user on the login pod."""
-        address = await self.login_address()
-        argv = charts.ssh_argv(self.key, USER.name, address, [command])
-        proc = await asyncio.to_thread(
-            subprocess.run, argv, capture_output=True, text=True, timeout=120, check=False
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"{command!r} failed ({proc.returncode}): {proc.stderr}")
-        return proc
-
-    async def poll_ssh(self, what: str, command: str, pattern: str, timeout: float) -> str:
-        last: list[str] = []
-
-        async def matches() -> str | None:
-            proc = await self.ssh(command, check=False)
-            last[:] = [f"rc {proc.returncode}: {proc.stdout}{proc.stderr}"]
-            return proc.stdout if re.search(pattern, proc.stdout) else None
-
-        try:
-            out: str = await charts.wait_until(what, matches, timeout, interval=1)
-        except TimeoutError as late:
-            raise TimeoutError(f"{late}; last {command!r}: {''.join(last)[-1500:]}") from None
-        return out
 
     def upgrade(self, values: dict[str, Any]) -> str:
         return self.helm.upgrade_install(
@@ -216,14 +181,16 @@ async def bed(
             values_file=state / "values.yaml",
         )
         yield ChartBed(
-            kube,
-            helm,
-            kubelet_nodes,
-            namespace,
-            state,
-            key,
-            values,
-            [f"compute-{n}" for n in names[:COMPUTE_NODES]],
+            kube=kube,
+            namespace=namespace,
+            release=RELEASE,
+            key=key,
+            user=USER.name,
+            helm=helm,
+            nodes=kubelet_nodes,
+            state=state,
+            values=values,
+            compute_nodes=[f"compute-{n}" for n in names[:COMPUTE_NODES]],
         )
     finally:
         for release in (RELEASE, "sunk"):

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,17 @@ def ssh(state: Path, command: str, timeout: float = 120) -> str:
     proc = sunk(state, "ssh", command, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def poll_ssh(
+    state: Path, command: str, done: Callable[[str], bool], within: float, every: float = 1
+) -> str:
+    """Run `command` on the login pod until `done(output)`; that output."""
+    deadline = time.monotonic() + within
+    while not done(out := ssh(state, command)):
+        assert time.monotonic() < deadline, f"{command!r} after {within:.0f} s: {out}"
+        time.sleep(every)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +142,7 @@ def test_a_researcher_sees_idle_nodes_and_runs_a_batch_job(cluster: Path) -> Non
     nodes = ssh(cluster, "sinfo -h -N -o '%N %t'").split("\n")
     assert len([line for line in nodes if line.endswith(" idle")]) == 3, nodes
     job = ssh(cluster, "sbatch --parsable --wrap 'hostname'").strip()
-    deadline = time.monotonic() + 60
-    while "COMPLETED" not in (out := ssh(cluster, f"sacct -n -X -j {job} -o State")):
-        assert time.monotonic() < deadline, out
-        time.sleep(1)
+    poll_ssh(cluster, f"sacct -n -X -j {job} -o State", lambda out: "COMPLETED" in out, 60)
 
 
 async def place_through_slurm(kube: AsyncClient, info: dict[str, Any], name: str) -> None:
@@ -249,13 +257,10 @@ def job_state(cluster: Path, job: str) -> str:
 
 
 def wait_job_ended(cluster: Path, job: str, within: float = 60) -> str:
-    deadline = time.monotonic() + within
-    while True:
-        state = ssh(cluster, f"squeue -h -j {job} -o %T 2>/dev/null || true").strip()
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-            return job_state(cluster, job)
-        assert time.monotonic() < deadline, f"job {job} still {state}"
-        time.sleep(0.5)
+    live = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+    command = f"squeue -h -j {job} -o %T 2>/dev/null || true"
+    poll_ssh(cluster, command, lambda state: state.strip() not in live, within, every=0.5)
+    return job_state(cluster, job)
 
 
 def test_a_job_over_its_memory_is_killed_by_the_kernel(cluster: Path) -> None:
@@ -328,10 +333,7 @@ echo done
     out = ssh(cluster, script, timeout=600)
     print(f"{VARIED_JOBS} varied jobs in {time.monotonic() - started:.1f}s")
     assert out.strip().endswith("done"), out
-    deadline = time.monotonic() + 120
-    while (queue := ssh(cluster, "squeue -h -o '%i %T'").strip()) != "":
-        assert time.monotonic() < deadline, queue
-        time.sleep(1)
+    poll_ssh(cluster, "squeue -h -o '%i %T'", lambda queue: queue.strip() == "", 120)
     reasons = ssh(cluster, "sinfo -h -R -o '%N %E'").strip()
     assert reasons == "", reasons
     states = ssh(cluster, "sinfo -h -N -o '%t'").split()
@@ -377,16 +379,11 @@ def test_the_syncer_drains_under_its_own_slurm_name(cluster: Path) -> None:
         assert f"{admin}|Administrator" in levels.split(), levels
     assert kubectl(cluster, "cordon", "local-3").returncode == 0
     try:
-        deadline = time.monotonic() + 60
-        while "[sunk-syncer@" not in (node := ssh(cluster, "scontrol show node compute-local-3")):
-            assert time.monotonic() < deadline, node
-            time.sleep(1)
+        node = "scontrol show node compute-local-3"
+        poll_ssh(cluster, node, lambda out: "[sunk-syncer@" in out, 60)
     finally:
         assert kubectl(cluster, "uncordon", "local-3").returncode == 0
-    deadline = time.monotonic() + 60
-    while "drain" in (state := ssh(cluster, "sinfo -h -n compute-local-3 -o %t")):
-        assert time.monotonic() < deadline, state
-        time.sleep(1)
+    poll_ssh(cluster, "sinfo -h -n compute-local-3 -o %t", lambda state: "drain" not in state, 60)
 
 
 COMPONENTS = ("operator", "syncer", "scheduler")
