@@ -1,0 +1,185 @@
+"""`helm upgrade` of a Slurm 24.11 cluster to 26.05, with a job running through it.
+
+The module installs both charts on the session's real nodes with the 24.11
+images (Debian trixie's Slurm), starts a job, and upgrades the slurm release
+to the default images (Debian forky's 26.05) by nothing but the image tags,
+as a user would. Slurm's order is slurmdbd, then slurmctld, then slurmd:
+slurmctld's `wait-for-slurmdbd` init container holds the new controller until
+the new slurmdbd answers, and the NodeSet controller replaces a slurmd only
+once its node is drained and idle, so the running job keeps its 24.11 slurmd
+to the end and then the node comes back on 26.05.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, PersistentVolume, Pod
+from lightkube.types import PatchType
+
+from plugins.login_shell import LoginShell
+from plugins.nodes import RealNodes
+from plugins.slurm_pods import node_states, restore_nodes
+from sunk_testbed import charts
+from sunk_testbed.control_plane import KubeAccess
+from sunk_testbed.helm import Helm, HelmError, ensure_helm
+from sunk_testbed.images import DEFAULT_SLURM, ImageSet
+
+pytestmark = pytest.mark.e2e
+RELEASE = "up"
+USER = charts.User("carol", 2100, "")
+COMPUTE_NODES = 2
+OLD, NEW = "24.11", DEFAULT_SLURM
+# Long enough to outlive the controller's upgrade, short enough for CI.
+JOB_SECONDS = 90
+
+
+async def _container_started(
+    kube: AsyncClient, namespace: str, component: str, container: str
+) -> list[datetime.datetime]:
+    """When `container` of each running pod of `component` last started."""
+    started = []
+    selector = charts.component(RELEASE, component)
+    async for pod in kube.list(Pod, namespace=namespace, labels=selector):
+        if pod.metadata is None or pod.metadata.deletionTimestamp is not None:
+            continue
+        for status in (pod.status.containerStatuses if pod.status else None) or []:
+            running = status.state.running if status.state else None
+            if status.name == container and running is not None and running.startedAt:
+                started.append(running.startedAt)
+    return started
+
+
+@dataclass
+class Upgrade:
+    shell: LoginShell
+    helm: Helm
+    state: Path
+    user: charts.User
+    images: ImageSet
+    nodes: list[str]  # the Slurm nodes
+
+    def values(self, release: str) -> dict[str, object]:
+        home = self.state / "home"
+        return charts.slurm_values(
+            users=[self.user], home=home, images=self.images, slurm_release=release
+        )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def cluster(
+    kubelet_nodes: RealNodes, kube_access: KubeAccess, kube: AsyncClient
+) -> AsyncIterator[Upgrade]:
+    helm_binary = await asyncio.to_thread(ensure_helm, print)
+    state = Path(tempfile.mkdtemp(prefix="sunk-up-", dir="/tmp"))
+    helm = Helm(helm_binary, kube_access.admin_kubeconfig, state / "helm")
+    namespace = f"upgrade-{secrets.token_hex(2)}"
+    names = kubelet_nodes.names[:COMPUTE_NODES]
+    before = await node_states(kube, kubelet_nodes.names)
+    key = state / "id_ed25519"
+    user = charts.User(USER.name, USER.uid, charts.new_ssh_key(key))
+    charts.make_homes(state / "home", [user])
+    shell = LoginShell(kube, namespace, RELEASE, key, USER.name)
+    made = Upgrade(shell, helm, state, user, kubelet_nodes.images, [f"compute-{n}" for n in names])
+    cluster_values = charts.cluster_values(RELEASE, made.images.sunk, namespace=namespace)
+    cluster_values["syncer"]["replicas"] = cluster_values["scheduler"]["replicas"] = 0
+    try:
+        for name in names:
+            labels = {charts.NODE_POOL_LABEL: charts.COMPUTE_POOL}
+            await kube.patch(
+                Node, name, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE
+            )
+        await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        await charts.apply_volumes(kube, state / "volumes")
+        await charts.install(
+            helm,
+            kube,
+            "sunk",
+            "sunk-cluster",
+            namespace,
+            cluster_values,
+            values_file=state / "cluster-values.yaml",
+        )
+        await charts.install(
+            helm,
+            kube,
+            RELEASE,
+            "slurm",
+            namespace,
+            made.values(OLD),
+            values_file=state / "values.yaml",
+        )
+        yield made
+    finally:
+        for release in (RELEASE, "sunk"):
+            with contextlib.suppress(HelmError):
+                await asyncio.to_thread(helm.uninstall, release, namespace)
+        with contextlib.suppress(Exception):
+            await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
+        with contextlib.suppress(Exception):
+            await kube.delete(Namespace, namespace)
+        for i in range(1, 5):
+            with contextlib.suppress(Exception):
+                await kube.delete(PersistentVolume, f"{charts.STORAGE_CLASS}-{i}")
+        await restore_nodes(kube, before)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def test_a_running_job_survives_helm_upgrade_from_24_11_to_26_05(
+    cluster: Upgrade, kube: AsyncClient
+) -> None:
+    shell, nodes = cluster.shell, cluster.nodes
+    idle = "".join(f"(?=[\\s\\S]*{n} idle {re.escape(OLD)})" for n in nodes)
+    await shell.poll_ssh(f"{nodes} idle on {OLD}", "sinfo -h -N -o '%N %t %v'", idle, 180)
+    submitted = await shell.ssh(f"sbatch --parsable -N1 -w {nodes[0]} --wrap 'sleep {JOB_SECONDS}'")
+    job = submitted.stdout.strip()
+    await shell.poll_ssh("the job running", f"squeue -h -j {job} -o %T", r"RUNNING", 60)
+
+    await charts.install(
+        cluster.helm,
+        kube,
+        RELEASE,
+        "slurm",
+        shell.namespace,
+        cluster.values(NEW),
+        values_file=cluster.state / "values-upgraded.yaml",
+    )
+    # The controller answers on 26.05 while the job still runs on its 24.11 slurmd.
+    await shell.poll_ssh(
+        f"slurmctld on {NEW}",
+        "scontrol show config | grep -E '^SLURM_VERSION'",
+        rf"SLURM_VERSION\s*=\s*{re.escape(NEW)}\.",
+        240,
+    )
+    running = await shell.ssh(f"squeue -h -j {job} -o '%T %N'")
+    assert running.stdout.split() == ["RUNNING", nodes[0]], running.stdout
+    # Slurm's order: the new slurmctld started after the new slurmdbd.
+    [dbd] = await _container_started(kube, shell.namespace, "slurmdbd", "slurmdbd")
+    [ctld] = await _container_started(kube, shell.namespace, "slurmctld", "slurmctld")
+    assert ctld >= dbd, (ctld, dbd)
+
+    await shell.poll_ssh(
+        "the job completed, in sacct",
+        f"sacct -n -X -P -j {job} -o JobID,State,ExitCode",
+        rf"^{job}\|COMPLETED\|0:0",
+        JOB_SECONDS + 120,
+    )
+    upgraded = "".join(f"(?=[\\s\\S]*{n} idle {re.escape(NEW)})" for n in nodes)
+    await shell.poll_ssh(f"{nodes} idle on {NEW}", "sinfo -h -N -o '%N %t %v'", upgraded, 240)
+    slurmds = await _container_started(kube, shell.namespace, "slurmd", "slurmd")
+    assert len(slurmds) == len(nodes)
+    for started in slurmds:
+        assert started >= ctld, (started, ctld)
