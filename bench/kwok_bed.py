@@ -51,9 +51,10 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
 from sunk_testbed import control_plane
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, async_client
+from sunk_testbed.images import DEFAULT_SLURM
 from sunk_testbed.nodes import ensure_node_binaries
 from sunk_testbed.procs import Supervisor, free_port, port_open
-from sunk_testbed.slurm_cluster import SlurmAccess, SlurmCluster, ensure_rootfs
+from sunk_testbed.slurm_cluster import SlurmAccess, SlurmCluster, ensure_release_rootfs
 
 STAND_INS = (
     "Kubernetes nodes: KWOK (simulated); slurmd: real processes started by the bench, one per pod"
@@ -664,6 +665,7 @@ async def kwok_bed(
     node_grace: str = "50s",
     prefix: str = "bench-",
     keep: bool = False,
+    slurm_release: str = DEFAULT_SLURM,
     log: Callable[[str], None] = lambda m: print(m, flush=True),
 ) -> AsyncIterator[Bed]:
     """A fresh bed: control plane, KWOK with `nodes` nodes, Slurm (no static nodes,
@@ -677,7 +679,7 @@ async def kwok_bed(
     supervisor = Supervisor(state)
     cluster: SlurmCluster | None = None
     kube: AsyncClient | None = None
-    rootfs = ensure_rootfs()
+    rootfs = ensure_release_rootfs(slurm_release)
     bin_dir = ensure_node_binaries(log)
     control_plane.NODE_MONITOR_GRACE_PERIOD = node_grace
     log(f"[bed] {STAND_INS}")

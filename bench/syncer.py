@@ -49,6 +49,8 @@ from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import SlurmApiError
 from sunk.slurm.hostlist import compress
+from sunk_testbed.images import DEFAULT_SLURM
+from sunk_testbed.slurm_cluster import ROOTFS_SUITES
 from sunk_testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"
@@ -185,6 +187,7 @@ async def bench(args: argparse.Namespace) -> None:
         max_node_count=live + args.simulated + 100,
         namespaces=[NAMESPACE],
         keep=args.keep,
+        slurm_release=args.slurm,
     ) as bed:
         try:
             kube, slurm_access, access, state = bed.kube, bed.slurm, bed.access, bed.state
@@ -387,6 +390,7 @@ def main() -> None:
     parser.add_argument("--quiet", type=float, default=60.0, help="unchanged period, s")
     parser.add_argument("--settle", type=float, default=300.0, help="max wait for a calm bed, s")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs)")
+    parser.add_argument("--slurm", default=DEFAULT_SLURM, choices=sorted(ROOTFS_SUITES))
     asyncio.run(bench(parser.parse_args()))
 
 

@@ -144,6 +144,17 @@ def ensure_rootfs(
     return out
 
 
+# The Debian suite whose root filesystem runs each supported Slurm release on
+# the host (the images build 26.05 from forky; sid carries the same 26.05.5).
+ROOTFS_SUITES = {"26.05": "sid", "24.11": "trixie"}
+
+
+def ensure_release_rootfs(release: str, log: Callable[[str], None] = _stderr) -> Path:
+    """The root filesystem of Slurm `release` (unstable's Release files may be old)."""
+    suite = ROOTFS_SUITES[release]
+    return ensure_rootfs(suite, log, ignore_release_expiry=suite != "trixie")
+
+
 @dataclass(frozen=True)
 class SlurmAccess:
     """How to reach a running bed's Slurm; recorded in `slurm/access.json`."""

@@ -1,7 +1,7 @@
 """A Slurm whose nodes are slurmd pods on the session's real nodes, for end-to-end tests.
 
-The Slurm runs on the host (the bed's standalone Slurm, with its light
-settings: the pods' slurmd runs unprivileged), has no static nodes, is
+The Slurm runs on the host (the bed's standalone Slurm of the images' default
+release, with its light settings: the pods' slurmd runs unprivileged), has no static nodes, is
 configless, and listens at the room's host address, so slurmd pods started
 from the slurm image register as dynamic nodes. Each bed has a namespace and
 a state directory of its own, removed afterwards; the nodes are shared by the
@@ -29,8 +29,9 @@ from lightkube.types import PatchType
 from plugins.nodes import RealNodes
 from sunk_testbed import slurmpods
 from sunk_testbed.charts import wait_until
+from sunk_testbed.images import DEFAULT_SLURM
 from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm_cluster import SlurmCluster, ensure_rootfs
+from sunk_testbed.slurm_cluster import SlurmCluster, ensure_release_rootfs
 
 
 @dataclass
@@ -155,7 +156,7 @@ async def slurm_bed(
 ) -> AsyncIterator[SlurmBed]:
     """The bed, with what slurmd pods need in its namespace: the munge key
     Secret and the `slurmctld` Service with its endpoint at the host."""
-    rootfs = await asyncio.to_thread(ensure_rootfs)
+    rootfs = await asyncio.to_thread(ensure_release_rootfs, DEFAULT_SLURM)
     state = Path(tempfile.mkdtemp(prefix="sunk-sb-", dir="/tmp"))
     host = nodes.room.subnet().host_address
     cluster = SlurmCluster(
