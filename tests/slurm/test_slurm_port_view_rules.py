@@ -313,3 +313,21 @@ async def test_read_share_spaces_polls_that_read_whole_lists() -> None:
             assert reads == 1, reads
         else:
             assert reads > 3, reads
+
+
+async def test_a_full_read_now_and_then_finds_what_incremental_reads_missed() -> None:
+    """slurmctld can change a table without moving its update time (26.05
+    drops a deleted node so): incremental reads answer "no change" for it."""
+    fake, clock = FakeSlurm(), Clock()
+    view = view_over(fake, clock)
+    view.full_every = 60
+    await view._sync(full=False)  # first read: full
+    fake.nodes = []  # gone, and last_update stays where it was
+    clock.now += 30
+    await view._sync(full=False)
+    assert view.node("n1") is not None  # "no change" (304)
+    clock.now += 30
+    await view._sync(full=False)
+    assert fake.requests == ["full", "incremental", "full"]
+    assert view.node("n1") is None
+    await view.client.aclose()

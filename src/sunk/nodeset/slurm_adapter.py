@@ -94,4 +94,8 @@ class SlurmPortForNodeSets:
         # polled since): that is what was wanted.
         with contextlib.suppress(SlurmNotFoundError):
             await self._client.delete_node(name)
-        self._view.poll_now()
+        # Read it back rather than wait for a poll: 26.05 drops a deleted node
+        # from its table without moving the table's update time, so incremental
+        # polls answer "no change" and the view would keep the node (and a
+        # deleted NodeSet its finalizer) until the view's next full read.
+        await self._view.refresh_node(name)

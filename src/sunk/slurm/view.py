@@ -253,6 +253,7 @@ class SlurmView:
         poll_timeout: float = 10.0,
         max_backoff: float = 5.0,
         read_share: float | None = None,
+        full_every: float | None = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -270,6 +271,13 @@ class SlurmView:
         # that reading takes at most this share of the time (slurmrestd's JSON
         # rendering is the cost, and it competes with the requests that act).
         self.read_share = read_share
+        # Incremental reads see only what moves a table's update time, and
+        # slurmctld does not always move it: 26.05 takes a deleted dynamic node
+        # out of its table after the delete's own update, so "no change" hides
+        # the removal for as long as nothing else changes. A full read at
+        # least this often puts the cache right, whatever was missed.
+        self.full_every = full_every
+        self._last_full: float | None = None
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
         self._jobs: _Table[int, Job] = _Table()
@@ -469,8 +477,14 @@ class SlurmView:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
+    def _full_due(self) -> bool:
+        if self._last_full is None:
+            return True
+        return self.full_every is not None and self._clock() - self._last_full >= self.full_every
+
     async def _sync(self, *, full: bool) -> None:
         async with self._sync_lock:
+            full = full or self._full_due()
             self.stats.polls += 1
             try:
                 if self._state is not ViewState.FRESH and self._state is not ViewState.STARTING:
@@ -484,6 +498,8 @@ class SlurmView:
                 raise
             self._need_full = False
             self._last_success = self._clock()
+            if full:
+                self._last_full = self._last_success
             self._emit(events)
             self._set_state(ViewState.FRESH, "")
         async with self._changed:
