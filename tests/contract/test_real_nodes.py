@@ -19,6 +19,7 @@ from plugins.nodes import RealNodes
 from plugins.slurm_pods import wait_for
 from sunk_testbed import nodeconf
 from sunk_testbed.control_plane import KubeAccess
+from sunk_testbed.images import DEFAULT_SLURM, SLURM_SUITES
 from sunk_testbed.nodes import node_binaries_dir, nodes_ready
 
 pytestmark = pytest.mark.contract
@@ -101,7 +102,8 @@ async def test_a_pod_runs_from_its_image_with_logs_and_exec(
 
     done = kubectl(kube_access, "-n", namespace, "exec", "hello", "--", "cat", "/etc/os-release")
     assert done.returncode == 0, done.stderr
-    assert "trixie" in done.stdout  # the image's userland; the host is bookworm
+    # The image's userland (the default Slurm's suite); the host is bookworm.
+    assert SLURM_SUITES[DEFAULT_SLURM] in done.stdout
 
 
 async def test_services_and_dns_reach_the_apiserver(
