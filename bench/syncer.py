@@ -83,6 +83,16 @@ def metric(port: int, name: str) -> float:
     raise KeyError(name)
 
 
+def slurm_writes(port: int, since: tuple[float, float] | None = None) -> Any:
+    """The syncer's Slurm write requests and the nodes they carried: the totals,
+    or with `since` (earlier totals) a summary of what was sent since."""
+    requests = metric(port, "sunk_syncer_slurm_write_nodes_count")
+    nodes = metric(port, "sunk_syncer_slurm_write_nodes_sum")
+    if since is None:
+        return requests, nodes
+    return f"{nodes - since[1]:.0f} node writes in {requests - since[0]:.0f} Slurm requests"
+
+
 def spawn_syncer(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -328,6 +338,7 @@ async def bench(args: argparse.Namespace) -> None:
                 report("Slurm drain → SlurmDrain on node", drain_delays)
 
                 # 3. Every node cordoned at once.
+                writes = slurm_writes(metrics_port)
                 started = time.time()
                 await patch_all(kube, names, {"spec": {"unschedulable": True}})
                 cordoned = time.time() - started
@@ -335,9 +346,10 @@ async def bench(args: argparse.Namespace) -> None:
                 print(
                     f"  {live} nodes cordoned at once:        all drained "
                     f"{max(drained_at) - started:.2f} s after the first PATCH "
-                    f"(the PATCHes took {cordoned:.2f} s)",
+                    f"(the PATCHes took {cordoned:.2f} s; {slurm_writes(metrics_port, writes)})",
                     flush=True,
                 )
+                writes = slurm_writes(metrics_port)
                 started = time.time()
                 await patch_all(kube, names, {"spec": {"unschedulable": False}})
                 resumed_at = []
@@ -346,7 +358,8 @@ async def bench(args: argparse.Namespace) -> None:
                         resumed_at.append(await ctld.wait(pods[n], RESUMED, started, 60))
                 print(
                     f"  {live} nodes uncordoned at once:      {len(resumed_at)} resumed, the last "
-                    f"{max(resumed_at) - started:.2f} s after the first PATCH",
+                    f"{max(resumed_at) - started:.2f} s after the first PATCH "
+                    f"({slurm_writes(metrics_port, writes)})",
                     flush=True,
                 )
                 await asyncio.sleep(5)
