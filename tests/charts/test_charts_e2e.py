@@ -12,10 +12,8 @@ order and share the release.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import secrets
-import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -49,9 +47,10 @@ from lightkube.resources.core_v1 import (
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
 
+from plugins.chart_releases import install_both, remove_both
 from plugins.login_shell import LoginShell
 from plugins.nodes import RealNodes
-from plugins.slurm_pods import node_states, restore_nodes
+from plugins.slurm_pods import node_states
 from sunk.api import nodeset as nodeset_api
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess
@@ -162,24 +161,7 @@ async def bed(
         await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
         await charts.apply_volumes(kube, state / "volumes")
         await _shared_state_claim(kube, namespace, state / "ctld-state")
-        await charts.install(
-            helm,
-            kube,
-            "sunk",
-            "sunk-cluster",
-            namespace,
-            cluster_values,
-            values_file=state / "cluster-values.yaml",
-        )
-        await charts.install(
-            helm,
-            kube,
-            RELEASE,
-            "slurm",
-            namespace,
-            values,
-            values_file=state / "values.yaml",
-        )
+        await install_both(helm, kube, namespace, state, cluster_values, RELEASE, values)
         yield ChartBed(
             kube=kube,
             namespace=namespace,
@@ -193,18 +175,7 @@ async def bed(
             compute_nodes=[f"compute-{n}" for n in names[:COMPUTE_NODES]],
         )
     finally:
-        for release in (RELEASE, "sunk"):
-            with contextlib.suppress(HelmError):
-                await asyncio.to_thread(helm.uninstall, release, namespace)
-        with contextlib.suppress(Exception):
-            await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
-        with contextlib.suppress(Exception):
-            await kube.delete(Namespace, namespace)
-        for pv in [namespace, *(f"{charts.STORAGE_CLASS}-{i}" for i in range(1, 5))]:
-            with contextlib.suppress(Exception):
-                await kube.delete(PersistentVolume, pv)
-        await restore_nodes(kube, before)
-        shutil.rmtree(state, ignore_errors=True)
+        await remove_both(helm, kube, namespace, RELEASE, state, before, volumes=[namespace])
 
 
 async def _shared_state_claim(kube: AsyncClient, namespace: str, path: Path) -> None:

@@ -13,11 +13,9 @@ to the end and then the node comes back on 26.05.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import re
 import secrets
-import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,15 +25,16 @@ import pytest
 import pytest_asyncio
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Node, PersistentVolume, Pod
+from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
+from plugins.chart_releases import install_both, remove_both
 from plugins.login_shell import LoginShell
 from plugins.nodes import RealNodes
-from plugins.slurm_pods import node_states, restore_nodes
+from plugins.slurm_pods import node_states
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess
-from sunk_testbed.helm import Helm, HelmError, ensure_helm
+from sunk_testbed.helm import Helm, ensure_helm
 from sunk_testbed.images import DEFAULT_SLURM, ImageSet
 
 pytestmark = pytest.mark.e2e
@@ -104,38 +103,10 @@ async def cluster(
             )
         await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
         await charts.apply_volumes(kube, state / "volumes")
-        await charts.install(
-            helm,
-            kube,
-            "sunk",
-            "sunk-cluster",
-            namespace,
-            cluster_values,
-            values_file=state / "cluster-values.yaml",
-        )
-        await charts.install(
-            helm,
-            kube,
-            RELEASE,
-            "slurm",
-            namespace,
-            made.values(OLD),
-            values_file=state / "values.yaml",
-        )
+        await install_both(helm, kube, namespace, state, cluster_values, RELEASE, made.values(OLD))
         yield made
     finally:
-        for release in (RELEASE, "sunk"):
-            with contextlib.suppress(HelmError):
-                await asyncio.to_thread(helm.uninstall, release, namespace)
-        with contextlib.suppress(Exception):
-            await kube.deletecollection(Pod, namespace=namespace, grace_period=0)
-        with contextlib.suppress(Exception):
-            await kube.delete(Namespace, namespace)
-        for i in range(1, 5):
-            with contextlib.suppress(Exception):
-                await kube.delete(PersistentVolume, f"{charts.STORAGE_CLASS}-{i}")
-        await restore_nodes(kube, before)
-        shutil.rmtree(state, ignore_errors=True)
+        await remove_both(helm, kube, namespace, RELEASE, state, before)
 
 
 async def test_a_running_job_survives_helm_upgrade_from_24_11_to_26_05(
