@@ -137,7 +137,7 @@ async def test_a_running_job_survives_helm_upgrade_from_24_11_to_26_05(
     )
     # Still running, unless a slow upgrade outlasted it (sacct below says how it ended).
     running = await shell.ssh(f"squeue -h -j {job} -o '%T %N'")
-    assert running.stdout.split() in ([], ["RUNNING", nodes[0]]), running.stdout
+    assert running.stdout.split() in ([], ["RUNNING", nodes[0]], ["COMPLETING", nodes[0]])
     # Slurm's order: the new slurmctld started after the new slurmdbd.
     [dbd] = await _container_started(kube, shell.namespace, "slurmdbd", "slurmdbd")
     [ctld] = await _container_started(kube, shell.namespace, "slurmctld", "slurmctld")
