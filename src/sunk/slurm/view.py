@@ -289,7 +289,6 @@ class SlurmView:
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        self._need_full = True
         self.stats = ViewStats()
 
     def __repr__(self) -> str:
@@ -457,7 +456,7 @@ class SlurmView:
             # Cleared before the read, not after: a poll_now() during it still counts.
             self._wake.clear()
             try:
-                await self._sync(full=self._need_full)
+                await self._sync(full=False)
                 failures = 0
             except SlurmError:
                 failures += 1
@@ -478,7 +477,7 @@ class SlurmView:
                 await asyncio.wait_for(self._wake.wait(), delay)
 
     def _full_due(self) -> bool:
-        if self._last_full is None:
+        if self._last_full is None:  # the first read, or the first after a failure
             return True
         return self.full_every is not None and self._clock() - self._last_full >= self.full_every
 
@@ -496,7 +495,6 @@ class SlurmView:
             except SlurmError as exc:
                 self._fail(exc)
                 raise
-            self._need_full = False
             self._last_success = self._clock()
             if full:
                 self._last_full = self._last_success
@@ -507,7 +505,7 @@ class SlurmView:
 
     def _fail(self, exc: SlurmError) -> None:
         self.stats.failures += 1
-        self._need_full = True  # whatever happened meanwhile, re-read all on recovery
+        self._last_full = None  # whatever happened meanwhile, re-read all on recovery
         self._fail_state(str(exc))
 
     def _fail_state(self, reason: str) -> None:
