@@ -222,7 +222,6 @@ class ControllerPing(_Model):
     latency: int = 0  # microseconds
     mode: str = ""  # v0.0.40-44: primary, backup1, ...
     primary: bool | None = None  # v0.0.42+ only; older versions say it in `mode`
-    status: str = ""  # v0.0.45+, in place of `pinged` and `mode`
 
     @model_validator(mode="after")
     def _fill_older_versions(self) -> ControllerPing:
