@@ -99,6 +99,12 @@ class Image:
         return f"{address}/{self.repository}:{self.tag}"
 
 
+def slurm_image_field(kind: str, release: str) -> str:
+    """The ImageSet field of a Slurm image (`kind` slurm or login): the bare
+    kind for the default release, `<kind>_24_11` for another."""
+    return kind if release == DEFAULT_SLURM else f"{kind}_{release.replace('.', '_')}"
+
+
 @dataclass(frozen=True)
 class ImageSet:
     """What a bed's nodes pull. `slurm` and `login` are of the default Slurm
@@ -114,11 +120,11 @@ class ImageSet:
 
     def slurm_pair(self, release: str = DEFAULT_SLURM) -> tuple[Image, Image]:
         """(daemons, login) images of one Slurm release."""
-        if release == DEFAULT_SLURM:
-            return self.slurm, self.login
-        if release == "24.11":
-            return self.slurm_24_11, self.login_24_11
-        raise ValueError(f"no images of Slurm {release}; there are {sorted(SLURM_SUITES)}")
+        if release not in SLURM_SUITES:
+            raise ValueError(f"no images of Slurm {release}; there are {sorted(SLURM_SUITES)}")
+        daemons: Image = getattr(self, slurm_image_field("slurm", release))
+        login: Image = getattr(self, slurm_image_field("login", release))
+        return daemons, login
 
     def all(self) -> list[Image]:
         images = [getattr(self, f.name) for f in fields(self)]
@@ -180,14 +186,17 @@ def _specs(coredns: Path | None) -> list[_Spec]:
     slurm_inputs = (Path("testbed/slurm/install-slurm.sh"),)
     specs = []
     for release, suite in SLURM_SUITES.items():
-        suffix = "" if release == DEFAULT_SLURM else "_" + release.replace(".", "_")
-        daemons, login = Path("images/slurm/Dockerfile"), Path("images/login/Dockerfile")
-        specs += [
-            _Spec(f"slurm{suffix}", "sunk/slurm", "dockerfile", slurm_inputs, daemons, suite=suite),
-            _Spec(
-                f"login{suffix}", "sunk/slurm-login", "dockerfile", slurm_inputs, login, suite=suite
-            ),
-        ]
+        for kind, repository in (("slurm", "sunk/slurm"), ("login", "sunk/slurm-login")):
+            specs.append(
+                _Spec(
+                    slurm_image_field(kind, release),
+                    repository,
+                    "dockerfile",
+                    slurm_inputs,
+                    Path(f"images/{kind}/Dockerfile"),
+                    suite=suite,
+                )
+            )
     specs += [
         _Spec(
             "sunk",
@@ -546,7 +555,8 @@ def ensure_images(log: Log, *, coredns: Path | None = None) -> ImageSet:
     """
     specs = _specs(coredns)
     bases = {s.suite: _ensure_base_rootfs(s.suite, log) for s in specs if s.dockerfile}
-    planned = [(spec, spec.tag({k: sha for k, (_, sha) in bases.items()})) for spec in specs]
+    base_shas = {suite: sha for suite, (_, sha) in bases.items()}
+    planned = [(spec, spec.tag(base_shas)) for spec in specs]
     if any(_pushed_digest(spec.repository, tag) is None for spec, tag in planned):
         with file_lock(images_dir() / "build.lock"):
             missing = [(s, t) for s, t in planned if _pushed_digest(s.repository, t) is None]
