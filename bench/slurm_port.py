@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--sim-state", default="CLOUD", choices=["CLOUD", "UNKNOWN"])
     args = parser.parse_args()
 
-    rootfs = ensure_rootfs(args.suite, ignore_release_expiry=args.suite != "trixie")
+    rootfs = ensure_rootfs(args.suite)
     state = Path(tempfile.mkdtemp(prefix="sunk-bench-", dir="/tmp"))
     cluster = SlurmCluster(
         state,

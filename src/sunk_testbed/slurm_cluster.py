@@ -101,7 +101,7 @@ def ensure_rootfs(
     suite: str = "trixie",
     log: Callable[[str], None] = _stderr,
     *,
-    ignore_release_expiry: bool = False,
+    ignore_release_expiry: bool | None = None,
 ) -> Path:
     """The cached root filesystem with Slurm, built by testbed/slurm/rootfs.sh if missing.
 
@@ -110,8 +110,10 @@ def ensure_rootfs(
     refuse them ("Release file ... is expired"). This tells apt inside the
     chroot to accept them, through APT_CONFIG pointing at a memfd of this
     process (visible in the chroot's fresh /proc), so nothing is written to
-    the host or the scripts.
+    the host or the scripts. By default, for every suite but stable trixie.
     """
+    if ignore_release_expiry is None:
+        ignore_release_expiry = suite != "trixie"
     out = rootfs_dir(suite)
     if (out / ".complete").exists():
         return out
@@ -150,9 +152,8 @@ ROOTFS_SUITES = {"26.05": "sid", "24.11": "trixie"}
 
 
 def ensure_release_rootfs(release: str, log: Callable[[str], None] = _stderr) -> Path:
-    """The root filesystem of Slurm `release` (unstable's Release files may be old)."""
-    suite = ROOTFS_SUITES[release]
-    return ensure_rootfs(suite, log, ignore_release_expiry=suite != "trixie")
+    """The root filesystem of Slurm `release`."""
+    return ensure_rootfs(ROOTFS_SUITES[release], log)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def rendered_bed(request: pytest.FixtureRequest, testbed_external: bool) -> Iter
     if testbed_external or external_restd() is not None:
         pytest.skip("starts beds of its own")
     try:
-        rootfs = ensure_rootfs(suite, ignore_release_expiry=suite != "trixie")
+        rootfs = ensure_rootfs(suite)
     except RuntimeError as exc:
         pytest.skip(f"Debian {suite}'s Slurm is not available: {exc}")
     state = Path(tempfile.mkdtemp(prefix="sunk-cf-", dir="/tmp"))

@@ -87,7 +87,7 @@ def sid_bed(testbed_external: bool) -> Iterator[Bed]:
     if testbed_external or external_restd() is not None:
         pytest.skip("the sid bed is only started for the tests' own bed")
     try:
-        rootfs = ensure_rootfs("sid", ignore_release_expiry=True)
+        rootfs = ensure_rootfs("sid")
     except RuntimeError as exc:  # no mirror, no debootstrap: say so, do not fail
         pytest.skip(f"Debian sid's Slurm is not available: {exc}")
     state = Path(tempfile.mkdtemp(prefix="sunk-sp-", dir="/tmp"))
