@@ -83,14 +83,16 @@ def metric(port: int, name: str) -> float:
     raise KeyError(name)
 
 
-def slurm_writes(port: int, since: tuple[float, float] | None = None) -> Any:
-    """The syncer's Slurm write requests and the nodes they carried: the totals,
-    or with `since` (earlier totals) a summary of what was sent since."""
+def slurm_writes(port: int) -> tuple[float, float]:
+    """The syncer's Slurm write requests so far, and the node writes they carried."""
     requests = metric(port, "sunk_syncer_slurm_write_nodes_count")
-    nodes = metric(port, "sunk_syncer_slurm_write_nodes_sum")
-    if since is None:
-        return requests, nodes
-    return f"{nodes - since[1]:.0f} node writes in {requests - since[0]:.0f} Slurm requests"
+    return requests, metric(port, "sunk_syncer_slurm_write_nodes_sum")
+
+
+def writes_since(port: int, before: tuple[float, float]) -> str:
+    """What the syncer sent to Slurm since `before` (a `slurm_writes` reading)."""
+    requests, nodes = slurm_writes(port)
+    return f"{nodes - before[1]:.0f} node writes in {requests - before[0]:.0f} Slurm requests"
 
 
 def spawn_syncer(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -346,7 +348,7 @@ async def bench(args: argparse.Namespace) -> None:
                 print(
                     f"  {live} nodes cordoned at once:        all drained "
                     f"{max(drained_at) - started:.2f} s after the first PATCH "
-                    f"(the PATCHes took {cordoned:.2f} s; {slurm_writes(metrics_port, writes)})",
+                    f"(the PATCHes took {cordoned:.2f} s; {writes_since(metrics_port, writes)})",
                     flush=True,
                 )
                 writes = slurm_writes(metrics_port)
@@ -359,7 +361,7 @@ async def bench(args: argparse.Namespace) -> None:
                 print(
                     f"  {live} nodes uncordoned at once:      {len(resumed_at)} resumed, the last "
                     f"{max(resumed_at) - started:.2f} s after the first PATCH "
-                    f"({slurm_writes(metrics_port, writes)})",
+                    f"({writes_since(metrics_port, writes)})",
                     flush=True,
                 )
                 await asyncio.sleep(5)
