@@ -44,29 +44,16 @@ from lightkube.types import PatchType
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, wait_until
-from slurm_port import percentile
+from slurm_port import percentile, simulated_conf
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import SlurmApiError
-from sunk.slurm.hostlist import compress
 from sunk_testbed.images import DEFAULT_SLURM
 from sunk_testbed.slurm_cluster import ROOTFS_SUITES
 from sunk_testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"
 ADMIN_REASON = "bench: admin drain"
-
-
-def simulated_conf(count: int) -> list[str]:
-    if count == 0:
-        return []
-    names = compress(f"sim{i:05d}" for i in range(1, count + 1))
-    addresses = compress(f"127.1.{i // 250}.{i % 250 + 1}" for i in range(count))
-    return [
-        "PrivateData=cloud",  # CLOUD nodes are listed only with it
-        f"NodeName={names} NodeAddr={addresses} Port=9 CPUs=64 State=CLOUD",
-        f"PartitionName=sim Nodes={names}",
-    ]
 
 
 def free_port() -> int:

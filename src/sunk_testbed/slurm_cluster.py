@@ -60,8 +60,7 @@ REST_API = "v0.0.42"
 # job's working directory and output files exist on both sides.
 SHARED_TMP = "/tmp"  # noqa: S108 - not the host's /tmp
 
-# What any slurm.conf needs for its daemons to run in the bed's sandboxes;
-# the bed's own config and configs rendered by sunk's Slurm port both use it.
+# What the bed's slurm.conf needs for its daemons to run in the sandboxes.
 SANDBOX_SETTINGS: dict[str, str | int] = {
     "SlurmctldPidFile": "/run/slurmctld.pid",
     "SlurmdPidFile": "/run/slurmd-%n.pid",
@@ -189,25 +188,6 @@ class SlurmAccess:
         return cls(**raw)
 
 
-@dataclass(frozen=True)
-class ConfLayout:
-    """What a slurm.conf written for the bed must agree with (see `conf_writer`).
-
-    The bed's daemons run with these names, ports and paths; a conf_writer
-    renders a slurm.conf around them (static nodes get `node_ports`, one each).
-    """
-
-    cluster_name: str
-    controller_host: str
-    controller_address: str
-    slurmctld_port: int
-    node_ports: dict[str, int]
-    jwt_key: str  # as the daemons see it
-
-
-ConfWriter = Callable[[ConfLayout], str]
-
-
 class SlurmCommandError(subprocess.CalledProcessError):
     """A Slurm CLI failed; unlike the base class, the message shows its output."""
 
@@ -216,7 +196,16 @@ class SlurmCommandError(subprocess.CalledProcessError):
 
 
 class SlurmCluster:
-    """One Slurm cluster of the test bed, its daemons recorded by `supervisor`."""
+    """One Slurm cluster of the test bed, its daemons recorded by `supervisor`.
+
+    Its slurm.conf is the sandbox's fixture (`_slurm_conf`), not sunk's: a
+    cluster's comes from the chart. Callers change it with `extra_conf`,
+    lines appended last (a key set again there overrides the bed's: Slurm
+    takes the last value), and `node_conf`, more `Key=Value` items on a
+    static node's line (`{"tb1": "Gres=gpu:fake:2"}`), which a line appended
+    after it could not add; `etc_files` adds files to /etc/slurm (gres.conf,
+    topology.conf, ...).
+    """
 
     def __init__(
         self,
@@ -228,7 +217,7 @@ class SlurmCluster:
         *,
         controller_address: str = "127.0.0.1",
         max_node_count: int = 1024,
-        conf_writer: ConfWriter | None = None,
+        node_conf: Mapping[str, str] | None = None,
         etc_files: Mapping[str, str] | None = None,
     ) -> None:
         self.state_dir = state_dir
@@ -238,9 +227,9 @@ class SlurmCluster:
         self.extra_conf = list(extra_conf)
         self.controller_address = controller_address
         self.max_node_count = max_node_count
-        # A different slurm.conf (e.g. one sunk rendered) in place of the bed's
-        # own, and more files for /etc/slurm (topology.conf, gres.conf, ...).
-        self.conf_writer = conf_writer
+        self.node_conf = dict(node_conf or {})
+        if unknown := set(self.node_conf) - set(self.node_names):
+            raise ValueError(f"node_conf names nodes the bed does not have: {sorted(unknown)}")
         self.etc_files = dict(etc_files or {})
         self.dir = state_dir / "slurm"
         self.etc = self.dir / "etc"
@@ -535,19 +524,7 @@ class SlurmCluster:
         self._write_etc_files()
         ports = {"ctld": free_port(), "restd": free_port()}
         node_ports = {name: free_port() for name in self.node_names}
-        if self.conf_writer is not None:
-            layout = ConfLayout(
-                cluster_name=CLUSTER_NAME,
-                controller_host=CONTROLLER_HOST,
-                controller_address=self.controller_address,
-                slurmctld_port=ports["ctld"],
-                node_ports=node_ports,
-                jwt_key="/etc/slurm/jwt_hs256.key",
-            )
-            conf = self.conf_writer(layout)
-        else:
-            conf = self._slurm_conf(ports["ctld"], node_ports)
-        (self.etc / "slurm.conf").write_text(conf)
+        (self.etc / "slurm.conf").write_text(self._slurm_conf(ports["ctld"], node_ports))
         (self.etc / "slurm.conf").chmod(0o644)
         for name, text in self.etc_files.items():
             (self.etc / name).write_text(text)
@@ -602,9 +579,10 @@ class SlurmCluster:
             "SchedulerParameters=sched_min_interval=0,batch_sched_delay=0",
         ]
         for name in self.node_names:
+            more = f" {self.node_conf[name]}" if name in self.node_conf else ""
             lines.append(
                 f"NodeName={name} NodeAddr=127.0.0.1 NodeHostname={CONTROLLER_HOST} "
-                f"Port={node_ports[name]} CPUs=2 State=UNKNOWN"
+                f"Port={node_ports[name]} CPUs=2{more} State=UNKNOWN"
             )
         lines.append(f"NodeSet=dynamic Feature={DYNAMIC_FEATURE}")
         members = ",".join([*self.node_names, "dynamic"])

@@ -1,184 +1,21 @@
-"""Config rendering: deterministic output, and errors that name the field or line."""
+"""GRES and topology generation: deterministic output, and errors that name the node or field."""
 
 from __future__ import annotations
 
-import pydantic
 import pytest
 import yaml
 
-from sunk_testbed.slurm_conf import (
-    ClusterSpec,
+from sunk_testbed.gres_topology import (
     ConfigError,
-    Controller,
     GpuGroup,
     NamedTopology,
-    NodeGroup,
-    NodeSet,
-    Partition,
-    Preemption,
     blocks_from_labels,
-    check_slurm_conf,
     node_gres,
     render_gres_conf,
-    render_slurm_conf,
     render_topology_conf,
     render_topology_yaml,
     tree_from_labels,
 )
-
-
-def spec(**changes: object) -> ClusterSpec:
-    base = ClusterSpec(
-        cluster_name="c1",
-        controllers=(Controller(name="ctl-0", address="10.0.0.1"), Controller(name="ctl-1")),
-        nodes=(
-            NodeGroup(
-                names="gpu[001-004]",
-                cpus=64,
-                real_memory_mb=512000,
-                gres=node_gres([GpuGroup(type="h100", count=8)]),
-                features=("h100", "rack1"),
-            ),
-        ),
-        node_sets=(NodeSet(name="dyn", feature="sunk-dynamic"),),
-        max_node_count=1000,
-        partitions=(
-            Partition(
-                name="gpu", nodes=("gpu[001-004]", "dyn"), default=True, max_time="7-00:00:00"
-            ),
-            Partition(name="low", nodes=("ALL",), priority_tier=1, preempt_mode=("REQUEUE",)),
-        ),
-        preemption=Preemption(type="preempt/partition_prio", mode=("REQUEUE",)),
-        settings={"MinJobAge": 30, "SlurmctldLogFile": "/var/log/slurm/slurmctld.log"},
-        extra_lines=("# added by hand", "SlurmctldDebug=info"),
-    )
-    return base.model_copy(update=changes)
-
-
-def lines(text: str) -> list[str]:
-    return text.splitlines()
-
-
-def test_renders_every_part_of_the_spec() -> None:
-    text = render_slurm_conf(spec())
-    assert lines(text) == [
-        "ClusterName=c1",
-        "SlurmctldHost=ctl-0(10.0.0.1)",
-        "SlurmctldHost=ctl-1",
-        "SlurmctldPort=6817",
-        "SlurmUser=slurm",
-        "AuthType=auth/munge",
-        "AuthAltTypes=auth/jwt",
-        "AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key",
-        "StateSaveLocation=/var/spool/slurmctld",
-        "SlurmdSpoolDir=/var/spool/slurmd",
-        "ReturnToService=2",
-        "MaxNodeCount=1000",
-        "SchedulerType=sched/backfill",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core_Memory",
-        "PreemptType=preempt/partition_prio",
-        "PreemptMode=REQUEUE",
-        "GresTypes=gpu",
-        "MinJobAge=30",
-        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
-        "NodeName=gpu[001-004] CPUs=64 RealMemory=512000 Gres=gpu:h100:8 Features=h100,rack1",
-        "NodeSet=dyn Feature=sunk-dynamic",
-        "PartitionName=gpu Nodes=gpu[001-004],dyn Default=YES MaxTime=7-00:00:00 State=UP",
-        "PartitionName=low Nodes=ALL MaxTime=INFINITE PriorityTier=1 PreemptMode=REQUEUE State=UP",
-        "# added by hand",
-        "SlurmctldDebug=info",
-    ]
-    assert render_slurm_conf(spec()) == text  # deterministic: no spurious reconfigures
-    assert check_slurm_conf(text) == []
-
-
-def problems_of(bad: ClusterSpec) -> list[str]:
-    with pytest.raises(ConfigError) as error:
-        render_slurm_conf(bad)
-    return [str(p) for p in error.value.problems]
-
-
-def test_semantic_errors_name_the_field() -> None:
-    bad = spec(
-        cluster_name="Big Cluster",
-        nodes=(NodeGroup(names="gpu[01-04"), NodeGroup(names="a[1-2]"), NodeGroup(names="a2")),
-        node_sets=(NodeSet(name="dyn", feature="x", nodes="a1"),),
-        partitions=(
-            Partition(name="p", nodes=("zzz",), max_time="forever", default=True),
-            Partition(name="p", nodes=("a1",), default=True, preempt_mode=("SOMETIMES",)),
-        ),
-        settings={"Bogus": 1, "ClusterName": "x", "Prolog": "/a b"},
-        extra_lines=("Foo=1", "NodeName=a1"),
-    )
-    assert problems_of(bad) == [
-        "cluster_name: use 1-40 lower-case letters, digits, '-' or '_'",
-        "nodes[0].names: 'gpu[01-04': '[' is never closed",
-        "nodes[2].names: node a2 also in nodes[1]",
-        "node_sets[0]: set exactly one of `feature` and `nodes`",
-        "partitions[0].nodes: unknown node or node set zzz",
-        "partitions[0].max_time: 'forever' is not a Slurm time",
-        "partitions[1].name: duplicate partition 'p'",
-        "partitions[1].preempt_mode: unknown mode 'SOMETIMES'",
-        "partitions: more than one default partition",
-        "settings.Bogus: not a slurm.conf key here",
-        "settings.ClusterName: set by a typed field of the spec",
-        "settings.Prolog: values may not contain spaces or '#'",
-        "extra_lines[0]: unknown key 'Foo'",
-    ]
-
-
-def test_dynamic_node_sets_need_room() -> None:
-    assert problems_of(spec(max_node_count=None)) == [
-        "max_node_count: dynamic node sets (feature=...) need room: set it"
-    ]
-
-
-def test_extra_lines_may_not_redefine_nodes() -> None:
-    problems = problems_of(spec(extra_lines=("NodeName=gpu002 CPUs=1",)))
-    assert problems == ["line 25: node gpu002 already defined on line 21"]
-
-
-def test_unknown_and_mistyped_fields_name_the_field() -> None:
-    with pytest.raises(pydantic.ValidationError) as error:
-        ClusterSpec.model_validate(
-            {
-                "cluster_name": "c",
-                "controllers": [{"name": "ctl"}],
-                "partitions": [{"name": "p", "nodes": ["ALL"], "maxtime": "1"}],
-                "nodes": [{"names": "n1", "cpus": "many"}],
-            }
-        )
-    text = str(error.value)
-    assert "partitions.0.maxtime" in text
-    assert "Extra inputs are not permitted" in text
-    assert "nodes.0.cpus" in text
-    with pytest.raises(pydantic.ValidationError, match="controllers"):
-        ClusterSpec.model_validate({"cluster_name": "c", "controllers": [], "partitions": []})
-
-
-def test_check_slurm_conf_names_lines() -> None:
-    text = "\n".join(
-        [
-            "ClusterName=c  # comment",
-            "SlurmctldPort=6817",
-            "NodeName=n[1-2] CPUs=2 Bogus=1",
-            "NodeName=n2",
-            "PartitionName=p Nodes=n[1-2 State=UP",
-            "SlurmctldPort=6818",
-            "not a pair",
-            "Include /etc/slurm/extra.conf",
-            "",
-        ]
-    )
-    assert [str(p) for p in check_slurm_conf(text)] == [
-        "line 3: unknown key 'Bogus' on a NodeName line",
-        "line 4: node n2 already defined on line 3",
-        "line 5: bad hostlist in nodes: 'n[1-2': '[' is never closed",
-        "line 6: SlurmctldPort already set on line 2",
-        "line 7: not Key=Value pairs: 'not a pair'",
-    ]
-    assert check_slurm_conf("clustername=c\nnodename=a cpus=1\n") == []  # case-insensitive
 
 
 def test_gres_conf_groups_identical_nodes() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sunk_testbed.procs import Supervisor
 from sunk_testbed.slurm_cluster import CONTROLLER_HOST, PARTITION, SlurmAccess, SlurmCluster
 
@@ -51,6 +53,17 @@ def test_extra_conf_comes_last(tmp_path: Path) -> None:
         tmp_path, Supervisor(tmp_path), Path("/x"), 1, ["MinJobAge=5", "# note"]
     )._slurm_conf(1, {"tb1": 2})
     assert text.splitlines()[-2:] == ["MinJobAge=5", "# note"]
+
+
+def test_node_conf_adds_items_to_a_static_node_line(tmp_path: Path) -> None:
+    lines = conf(tmp_path, nodes=2, node_conf={"tb2": "Gres=gpu:fake:2 Features=f"})
+    assert lines["NodeName"][0].endswith("CPUs=2 State=UNKNOWN")
+    assert lines["NodeName"][1].endswith("CPUs=2 Gres=gpu:fake:2 Features=f State=UNKNOWN")
+
+
+def test_node_conf_refuses_nodes_the_bed_does_not_have(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"\['tb3'\]"):
+        SlurmCluster(tmp_path, Supervisor(tmp_path), Path("/x"), 2, node_conf={"tb3": "Weight=1"})
 
 
 def test_access_round_trips_through_json(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import yaml
 
 from sunk.slurm.hostlist import compress
-from sunk_testbed.slurm_conf.problems import Problem, raise_if
+from sunk_testbed.gres_topology.problems import Problem, raise_if
 
 NodeLabels = Mapping[str, Mapping[str, str]]  # node name -> its labels
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Problem:
-    where: str  # a spec field ("partitions[1].nodes") or a line ("line 12")
+    where: str  # a node's item or a field, e.g. "n1[0].files", "block_sizes"
     message: str
 
     def __str__(self) -> str:
