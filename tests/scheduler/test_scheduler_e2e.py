@@ -47,6 +47,7 @@ from sunk.scheduler.request import (
 )
 from sunk.scheduler.run import VIEW_STALE_AFTER
 from sunk.scheduler.seal import JobSeal
+from sunk.scheduler.slurm_adapter import SlurmPortForScheduler
 from sunk.scheduler.tenancy import Grant, Tenancy
 from sunk.slurm.auth import FileKey, JwtMinter, TenantMinter
 from sunk.slurm.client import SlurmClient
@@ -190,20 +191,21 @@ class SchedulerProcess:
                 client, interval=0.25, stale_after=VIEW_STALE_AFTER, watch_nodes=False
             ) as view,
         ):
+            port = SlurmPortForScheduler(client, view, TenantMinter(FileKey(self.sb.key)))
             self.scheduler = Scheduler(
                 self.kube,
-                client,
-                view,
+                port,
                 seal=SEAL,
                 tenancy=lambda: tenancy(self.sb.bed.namespace),
-                tenants=TenantMinter(FileKey(self.sb.key)),
                 tenancy_source="the test's tenancy",
                 options=Options(partition="k8s", kill_wait=KILL_WAIT),
                 namespace=self.namespace,
                 slurmd_namespace=self.sb.bed.namespace,
                 metrics=self.metrics,
             )
-            await self.scheduler.run()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(port.run())
+                group.create_task(self.scheduler.run())
 
     @property
     def submits(self) -> int:

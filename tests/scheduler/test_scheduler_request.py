@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
-from sunk.scheduler.controller import _refused_allocation
 from sunk.scheduler.decide import STOP_MARGIN, time_to_stop
+from sunk.scheduler.jobs import refused_allocation
 from sunk.scheduler.request import (
     ANNOTATION_EXCLUSIVE,
     ANNOTATION_GPU_TYPE,
@@ -198,10 +198,10 @@ def test_pods_stop_before_slurm_ends_their_allocation() -> None:
 
 
 def test_a_refused_immediate_allocation_is_nobodys_job() -> None:
-    assert _refused_allocation(Job(job_id=1, job_state=("FAILED",)))
-    assert not _refused_allocation(Job(job_id=1, job_state=("FAILED",), nodes="n1"))
-    assert not _refused_allocation(Job(job_id=1, job_state=("FAILED",), batch_flag=True))
-    assert not _refused_allocation(Job(job_id=1, job_state=("PENDING",)))
+    assert refused_allocation(Job(job_id=1, job_state=("FAILED",)))
+    assert not refused_allocation(Job(job_id=1, job_state=("FAILED",), nodes="n1"))
+    assert not refused_allocation(Job(job_id=1, job_state=("FAILED",), batch_flag=True))
+    assert not refused_allocation(Job(job_id=1, job_state=("PENDING",)))
 
 
 @pytest.mark.parametrize(

@@ -16,17 +16,12 @@ running too, so that record, and a drain reason on it, are kept.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightkube.models.core_v1 import (
-    Node,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
-    PodSpec,
-    Taint,
-    Toleration,
-)
+from lightkube.models.core_v1 import Node, PodSpec, Toleration
+
+from sunk.kube.matching import term_matches, tolerates
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,7 @@ def feasible(
     affinity = spec.affinity.nodeAffinity if spec.affinity else None
     required = affinity.requiredDuringSchedulingIgnoredDuringExecution if affinity else None
     if required is not None and not any(
-        _term_matches(term, labels, name or "") for term in required.nodeSelectorTerms
+        term_matches(term, labels, name or "") for term in required.nodeSelectorTerms
     ):
         return Feasibility(False, "no required node affinity term matches")
     tolerations = [*(spec.tolerations or []), *extra_tolerations]
@@ -63,43 +58,3 @@ def feasible(
         if taint.effect in effects and not any(tolerates(t, taint) for t in tolerations):
             return Feasibility(False, f"taint {taint.key}:{taint.effect} is not tolerated")
     return FEASIBLE
-
-
-def _term_matches(term: NodeSelectorTerm, labels: Mapping[str, str], name: str) -> bool:
-    # An empty term matches no node (Kubernetes' rule), a term with both
-    # lists must satisfy both.
-    if not term.matchExpressions and not term.matchFields:
-        return False
-    fields = {"metadata.name": name}
-    return all(requirement_matches(r, labels) for r in term.matchExpressions or []) and all(
-        requirement_matches(r, fields) for r in term.matchFields or []
-    )
-
-
-def requirement_matches(req: NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
-    value = labels.get(req.key)
-    values = req.values or []
-    match req.operator:
-        case "In":
-            return value is not None and value in values
-        case "NotIn":
-            return value is None or value not in values
-        case "Exists":
-            return value is not None
-        case "DoesNotExist":
-            return value is None
-        case "Gt" | "Lt":
-            try:
-                actual, bound = int(value or ""), int(values[0])
-            except (ValueError, IndexError):
-                return False
-            return actual > bound if req.operator == "Gt" else actual < bound
-    return False
-
-
-def tolerates(toleration: Toleration, taint: Taint) -> bool:
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    if toleration.operator == "Exists":
-        return not toleration.key or toleration.key == taint.key
-    return toleration.key == taint.key and (toleration.value or "") == (taint.value or "")

@@ -17,9 +17,8 @@ now, and carries out what `decide.decide` says, one step towards agreement:
 - pods gone or finished → cancel the job.
 
 Every job is the tenant's: submitted, signalled and cancelled with a token for
-the tenant's uid (`TenantCredentials`), so the scheduler's own Slurm user
-needs no right to act for another. Two kinds of job, because each is fast
-where the other is not:
+the tenant's uid, so the scheduler's own Slurm user needs no right to act for
+another. Two kinds of job, because each is fast where the other is not:
 - an immediate allocation (`POST /job/allocate`, `salloc --immediate`):
   slurmctld places it within the request, or refuses it at once; a batch job
   would wait for the next scheduling pass (a whole second at best);
@@ -32,15 +31,16 @@ Later starts, of jobs that had to wait, come as Slurm job events, which wake
 the key at once (the view polls every 0.25 s and costs one small reply while
 nothing changes): a bind within a poll, not within a 30 s cycle.
 
-Over 500 lines: the decisions are pure (`decide.py`); what is here is the
-I/O (informers, the job index, submits, binds, Events) beside the loop. The
-job index is the next piece to leave (issue 15).
+What the loop needs from Slurm is the narrow `SchedulerSlurm` port
+(`slurm_port.py`); which pods and jobs belong to each key, the `JobIndex`
+(`jobs.py`); its writes to pods, pure builders (`pod_writes.py`). Over 500
+lines: what stays here is the loop and its I/O on both APIs, one short
+method per action beside the loop that carries it out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import time
@@ -51,7 +51,7 @@ from lightkube import ApiError, AsyncClient, operators
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
+from sunk.api import LABEL_NODESET
 from sunk.api.nodeset import owning_nodeset
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
@@ -68,43 +68,37 @@ from sunk.scheduler.decide import (
     bound,
     decide,
     deleting,
-    pod_annotations,
 )
+from sunk.scheduler.jobs import JobIndex
 from sunk.scheduler.metrics import SchedulerMetrics
+from sunk.scheduler.pod_writes import (
+    job_id_patch,
+    lock_toleration_patch,
+    pending_job_patch,
+    unschedulable_patch,
+)
 from sunk.scheduler.request import (
     ANNOTATION_JOB_ID,
     SCHEDULER_NAME,
     Gang,
     InvalidPod,
     Options,
-    gang_of,
     identity_of,
-    job_key,
     job_spec,
     namespace_of_key,
 )
 from sunk.scheduler.seal import JobSeal
+from sunk.scheduler.slurm_port import JobChange, NoTenantToken, SchedulerSlurm
 from sunk.scheduler.tenancy import MIN_ID, Tenancy
-from sunk.slurm.auth import TenantCredentials
-from sunk.slurm.client import SlurmClient
-from sunk.slurm.errors import (
-    SlurmApiError,
-    SlurmError,
-    SlurmNotFoundError,
-    SlurmUnavailableError,
-)
+from sunk.slurm.errors import SlurmApiError, SlurmError, SlurmUnavailableError
 from sunk.slurm.hostlist import expand
-from sunk.slurm.models import Job, JobSpec, SubmitResult
-from sunk.slurm.view import JobEvent, Resync, SlurmView, StateEvent, Subscription
+from sunk.slurm.models import Job
 
 log = logging.getLogger(__name__)
 
 # Every key is looked at again this often: what events missed (orphans on
 # either side) is found within it.
 SWEEP_INTERVAL = 10.0
-# Job ids remembered (forgotten by Slurm, dropped by the scheduler): about a day
-# of ended pods on a busy cluster, a few hundred kilobytes each.
-IDS_KEPT = 100_000
 # While the Slurm view is stale, a key is looked at again this late.
 STALE_RETRY = 1.0
 # After an invalid request, try again this late (Slurm's configuration may change).
@@ -131,52 +125,14 @@ def _pod_name(pod: Pod) -> str:
     return (pod.metadata.name if pod.metadata else None) or ""
 
 
-def _pod_key(pod: Pod) -> str:
-    """The pod's work key (by the pod alone if its gang labels are malformed)."""
-    assert pod.metadata is not None
-    try:
-        gang = gang_of(pod)
-    except InvalidPod:
-        gang = None
-    return job_key(pod.metadata.namespace or "default", _pod_uid(pod), gang)
-
-
-def _refused_allocation(job: Job) -> bool:
-    """An immediate allocation Slurm could not start: it leaves a FAILED record
-    that never had nodes. Not a job of its key (the batch placeholder is)."""
-    return not job.batch_flag and job.state == "FAILED" and not job.nodes
-
-
-class RecentIds:
-    """A set of job ids that keeps the newest `size` (a scheduler runs for
-    months: what it remembers must not grow with every job it has seen)."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._ids: dict[int, None] = {}  # insertion order: oldest first
-
-    def add(self, job_id: int) -> None:
-        self._ids[job_id] = None
-        if len(self._ids) > self._size:
-            del self._ids[next(iter(self._ids))]
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._ids
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-
 class Scheduler:
     def __init__(
         self,
         kube: AsyncClient,
-        slurm: SlurmClient,
-        view: SlurmView,
+        slurm: SchedulerSlurm,
         *,
         seal: JobSeal,
         tenancy: Callable[[], Tenancy],
-        tenants: TenantCredentials,
         tenancy_source: str = "the scheduler's tenancy",
         options: Options | None = None,
         scheduler_name: str = SCHEDULER_NAME,
@@ -190,10 +146,8 @@ class Scheduler:
         self.scheduler_name = scheduler_name
         self._kube = kube
         self._slurm = slurm
-        self._view = view
         self._seal = seal
         self._tenancy = tenancy  # read at each submit: a change applies to the next pod
-        self._tenants = tenants
         self._tenancy_source = tenancy_source
         self._namespace = namespace
         self._workers = workers
@@ -219,24 +173,15 @@ class Scheduler:
         # submitted. A per-key lock keeps the two from working on one key at once.
         self.urgent: WorkQueue[str] = WorkQueue()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._pods_by_key: dict[str, set[str]] = {}
-        self._key_of_pod: dict[str, str] = {}
-        self._jobs_by_key: dict[str, set[int]] = {}
-        # Jobs this process submitted, by key: known before the view shows them.
-        self._submitted: dict[str, tuple[int, float]] = {}  # key → (job id, wait until)
+        self.index = JobIndex(seal)
         self._reported: dict[str, str] = {}  # key → last problem reported as an Event
         self._unwritable: set[str] = set()  # namespaces whose pods it may not write (logged once)
-        # Jobs cancelled because their gang fell apart before binding: a gang made
-        # whole again gets a new job, and the old one is no reason to evict it.
-        self._dropped = RecentIds(IDS_KEPT)
-        self._forgotten = RecentIds(IDS_KEPT)  # job ids Slurm no longer knows
-        # Keys whose submit failed in a way that may still have been taken, until when.
-        self._uncertain: dict[str, float] = {}
         self._pods.subscribe(self._on_pod)
+        slurm.on_change(self._on_job_change)
         self._tasks: set[asyncio.Task[None]] = set()
         self.metrics = metrics or SchedulerMetrics()
-        self.metrics.slurm_requests.set_function(lambda: slurm.stats.requests)
-        self.metrics.view_fresh.set_function(lambda: 1 if view.fresh else 0)
+        self.metrics.slurm_requests.set_function(lambda: slurm.requests)
+        self.metrics.view_fresh.set_function(lambda: 1 if slurm.fresh else 0)
         self.metrics.pending_pods.set_function(self._count_pending)
         # Pod uid → when this process first saw it pending: the bind latency's start.
         self._first_seen: dict[str, float] = {}
@@ -244,60 +189,29 @@ class Scheduler:
     # -- indexes and wake-ups -------------------------------------------------------
 
     def _on_pod(self, event: Event[Pod]) -> None:
-        old_key = self._key_of_pod.pop(event.key, None)
-        if old_key is not None:
-            members = self._pods_by_key.get(old_key, set())
-            members.discard(event.key)
-            if not members:
-                self._pods_by_key.pop(old_key, None)
-            self.queue.add(old_key)
+        for key in self.index.pod_changed(event.key, event.new):
+            if key is not None:
+                self.queue.add(key)
         uid = _pod_uid(event.obj)
         if event.new is None or deleting(event.new):
             self._first_seen.pop(uid, None)
         elif not bound(event.new):  # popped by the bind (its event may come first)
             self._first_seen.setdefault(uid, time.monotonic())
-        if event.new is not None:
-            key = _pod_key(event.new)
-            self._key_of_pod[event.key] = key
-            self._pods_by_key.setdefault(key, set()).add(event.key)
-            self.queue.add(key)
 
     def _in_scope(self, key: str) -> bool:
         return self._namespace is None or namespace_of_key(key) == self._namespace
 
-    def _index_job(self, job_id: int, old: Job | None, new: Job | None) -> str | None:
-        key = None
-        for job in (old, new):
-            if job is None or _refused_allocation(job):
-                continue
-            if (found := self._seal.key_of(job)) is not None:
-                key = found
-                if job is new:
-                    self._jobs_by_key.setdefault(found, set()).add(job_id)
-                elif new is None:
-                    ids = self._jobs_by_key.get(found, set())
-                    ids.discard(job_id)
-                    if not ids:
-                        self._jobs_by_key.pop(found, None)
-        return key
+    def _on_job_change(self, change: JobChange | None) -> None:
+        if change is None:  # everything may have changed
+            self._reindex_jobs()
+            self._requeue_all()
+            return
+        key = self.index.job_changed(change.job_id, change.old, change.new)
+        if key is not None and self._in_scope(key):
+            self.urgent.add(key)
 
     def _reindex_jobs(self) -> None:
-        self._jobs_by_key.clear()
-        for job_id, job in self._view.jobs(allow_stale=True).items():
-            self._index_job(job_id, None, job)
-
-    async def _follow_slurm(self, subscription: Subscription) -> None:
-        try:
-            async for event in subscription:
-                if isinstance(event, JobEvent):
-                    key = self._index_job(event.job_id, event.old, event.new)
-                    if key is not None and self._in_scope(key):
-                        self.urgent.add(key)
-                elif isinstance(event, StateEvent | Resync):
-                    self._reindex_jobs()
-                    self._requeue_all()
-        finally:
-            subscription.close()
+        self.index.reindex(self._slurm.jobs(allow_stale=True))
 
     def tenancy_changed(self) -> None:
         """Pods refused under the old tenancy are looked at again now."""
@@ -305,9 +219,9 @@ class Scheduler:
         self._requeue_all()
 
     def _requeue_all(self) -> None:
-        keys = set(self._pods_by_key) | {k for k in self._jobs_by_key if self._in_scope(k)}
-        for key in keys:
-            self.queue.add(key)
+        for key in self.index.known_keys():
+            if self._in_scope(key):
+                self.queue.add(key)
 
     async def _sweep(self) -> None:
         while True:
@@ -315,17 +229,16 @@ class Scheduler:
             self._requeue_all()
 
     async def run(self) -> None:
+        """The loop; the Slurm port's own run (its events) goes beside it."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._pods.run())
             group.create_task(self._slurmd.run())
             await asyncio.gather(self._pods.synced.wait(), self._slurmd.synced.wait())
-            subscription = self._view.subscribe(replay=False)
             # A full read that began after this process started, indexed before
             # any reconcile: a job a predecessor submitted just before it died is
             # found, never submitted again.
             await self._refresh()
             self._reindex_jobs()
-            group.create_task(self._follow_slurm(subscription))
             group.create_task(self._settle_then_submit())
             group.create_task(self._sweep())
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
@@ -341,7 +254,7 @@ class Scheduler:
     async def _refresh(self) -> None:
         while True:
             try:
-                await self._view.refresh()
+                await self._slurm.refresh()
                 return
             except SlurmError as exc:  # e.g. 24.11's passing "Unable to query partitions"
                 log.warning("reading Slurm failed (%s); trying again", exc)
@@ -350,7 +263,7 @@ class Scheduler:
     # -- the reconcile ---------------------------------------------------------------
 
     def _members(self, key: str) -> list[Pod]:
-        pods = [self._pods.get(k) for k in self._pods_by_key.get(key, ())]
+        pods = [self._pods.get(k) for k in self.index.pods_of(key)]
         return sorted((p for p in pods if p is not None), key=_pod_name)
 
     async def _job_of(self, key: str, pods: Sequence[Pod]) -> tuple[int | None, Job | None]:
@@ -358,16 +271,7 @@ class Scheduler:
 
         Only a job sealed for `key` counts: a job id on a pod is a hint (anyone who
         can edit the pod can write one), never a claim on that job."""
-        jobs = self._view.jobs()
-        ids = set(self._jobs_by_key.get(key, ()))
-        if (mine := self._submitted.get(key)) is not None:
-            ids.add(mine[0])
-        for pod in pods:
-            if (written := pod_annotations(pod).get(ANNOTATION_JOB_ID, "")).isdigit():
-                ids.add(int(written))
-        ids = {i for i in ids if i not in self._dropped}
-        known = [(i, jobs.get(i)) for i in sorted(ids)]
-        known = [(i, job) for i, job in known if job is None or self._seal.key_of(job) == key]
+        known = self.index.candidates(key, pods, self._slurm.jobs())
         for job_id, job in known:
             if active(job):
                 return job_id, job
@@ -375,24 +279,19 @@ class Scheduler:
         for job_id, job in reversed(known):
             if job is not None:
                 return job_id, job
-            if mine is not None and mine[0] == job_id and time.monotonic() < mine[1]:
+            if self.index.awaited(key, job_id):
                 return job_id, NOT_SEEN_YET  # the view's next poll brings it
-            if job_id in self._forgotten:
+            if self.index.forgotten(job_id):
                 continue
-            fetched = await self._slurm.job(job_id)
+            fetched = await self._slurm.read_job(job_id)
             if fetched is None:
-                self._forget(job_id)
+                self.index.forget(job_id)
             elif self._seal.key_of(fetched) == key:
                 return job_id, fetched
             else:
                 foreign.add(job_id)
         forgotten = [i for i, job in known if job is None and i not in foreign]
         return (max(forgotten), None) if forgotten else (None, None)
-
-    def _forget(self, job_id: int) -> None:
-        """Slurm answered that it no longer knows the job: it never will again, so
-        the sweep asks once, not every cycle for as long as its pod stays."""
-        self._forgotten.add(job_id)
 
     async def reconcile(self, key: str) -> Result | None:
         lock = self._locks.setdefault(key, asyncio.Lock())
@@ -408,7 +307,7 @@ class Scheduler:
         return sum(1 for pod in self._pods.items() if not bound(pod) and not deleting(pod))
 
     async def _reconcile(self, key: str) -> Result | None:
-        if not self._view.fresh:
+        if not self._slurm.fresh:
             # Look again soon: a view that was only slow turns fresh again without
             # an event (a StateEvent requeues every key after an outage).
             return Result(requeue_after=STALE_RETRY)
@@ -434,11 +333,9 @@ class Scheduler:
                 case Pending(pods=waiting, message=message, job_id=pending_job):
                     await self._pending(waiting, message, pending_job)
                 case Drop(job_id=dropped, carriers=carriers):
-                    self._dropped.add(dropped)
+                    self.index.drop(dropped)
                     for pod in carriers:
-                        await self._patch_pod(
-                            pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: None}}}
-                        )
+                        await self._patch_pod(pod, job_id_patch(None))
         return result
 
     # -- actions -----------------------------------------------------------------------
@@ -458,92 +355,56 @@ class Scheduler:
         except InvalidPod as exc:
             await self._refuse(key, pods, str(exc))
             return Result(requeue_after=INVALID_RETRY)
-        if (until := self._uncertain.get(key)) is not None:
-            if (left := until - time.monotonic()) > 0:
+        if (left := self.index.uncertain_for(key)) is not None:
+            if left > 0:
                 return Result(requeue_after=left)
             # Long enough for slurmctld to have finished whatever it was doing:
             # a full read shows the job if the earlier submit was taken.
-            del self._uncertain[key]
-            await self._view.refresh()
+            await self._slurm.refresh()
             self._reindex_jobs()
             self.queue.add(key)
             return None
-        slurm = self._as_owner(identity.user_id)
         try:
-            await slurm.credentials.token()
-        except (OSError, ValueError) as exc:
+            await self._slurm.check_owner(identity.user_id)
+        except NoTenantToken as exc:
             # A uid granted a moment ago: `sunk tokens` writes its token at
             # once, and the kubelet brings it to this pod within a minute.
-            await self._pending(pods, f"no Slurm token for uid {identity.user_id} yet: {exc}")
+            await self._pending(pods, f"no Slurm token for uid {exc.uid} yet: {exc.reason}")
             return Result(requeue_after=TOKEN_RETRY)
         try:
-            result, allocated = await self._place(slurm, spec)
+            placed = await self._slurm.place(identity.user_id, spec)
         except SlurmUnavailableError as exc:
             if exc.maybe_applied:
-                self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
+                self.index.uncertain(key, UNCERTAIN_WAIT)
             raise
         except SlurmApiError as exc:
             if exc.transient:
                 # A busy slurmctld times out (5004) but may still take the job later.
-                self._uncertain[key] = time.monotonic() + UNCERTAIN_WAIT
+                self.index.uncertain(key, UNCERTAIN_WAIT)
                 raise
             await self._refuse(key, pods, f"Slurm refused the job: {exc.message}")
             return Result(requeue_after=INVALID_RETRY)
-        self._submitted[key] = (result.job_id, time.monotonic() + UNSEEN_WAIT)
+        self.index.submitted(key, placed.job_id, UNSEEN_WAIT)
         self._reported.pop(key, None)
-        self.metrics.jobs.labels(kind="allocation" if allocated else "batch").inc()
-        log.info("submitted job %d for %s", result.job_id, key)
-        await asyncio.gather(*(self._tolerate_lock(pod, result.job_id) for pod in pods))
-        if not allocated:
+        self.metrics.jobs.labels(kind="allocation" if placed.allocated else "batch").inc()
+        log.info("submitted job %d for %s", placed.job_id, key)
+        await asyncio.gather(*(self._tolerate_lock(pod, placed.job_id) for pod in pods))
+        if not placed.allocated:
             return None  # a placeholder in the queue: its start comes as a job event
         # The allocation runs already: one read of it (a few ms) and the pods are
         # bound now, not a view poll later.
         try:
-            job = await self._slurm.job(result.job_id)
+            job = await self._slurm.read_job(placed.job_id)
         except SlurmError as exc:
-            log.info("reading job %d failed (%s): the view brings it", result.job_id, exc)
+            log.info("reading job %d failed (%s): the view brings it", placed.job_id, exc)
             return None
         if job is not None and job.state == "RUNNING" and not job.preempt_time:
-            await self._bind(key, pods, result.job_id, job)
+            await self._bind(key, pods, placed.job_id, job)
         return None
 
-    def _as_owner(self, uid: int) -> SlurmClient:
-        """The client that acts as a job's owner, a tenant's uid: an allocation
-        runs as the token's user, whatever `user_id` says (measured on 24.11),
-        and only the owner's token may end a job."""
-        return self._slurm.acting_as(self._tenants.for_uid(uid))
-
-    async def _place(self, slurm: SlurmClient, spec: JobSpec) -> tuple[SubmitResult, bool]:
-        """An allocation if Slurm can start one now (True), else a batch placeholder."""
-        try:
-            allocation = spec.model_copy(update={"script": None, "immediate": True})
-            return await slurm.allocate(allocation), True
-        except SlurmApiError as exc:
-            if exc.transient:
-                raise
-            # Busy nodes, a higher-priority job waiting, or a bad request: the
-            # batch job queues, or is refused with Slurm's own message.
-            log.debug("no immediate allocation (%s): queueing a batch placeholder", exc)
-        return await slurm.submit(spec), False
-
     async def _tolerate_lock(self, pod: Pod, job_id: int) -> None:
-        """Let the pod stay on a node Slurm locked for its job (the syncer's taint), and
-        write the job id with it. A pod that tolerates it already is not written to:
-        its job id rides on the Binding."""
-        assert pod.metadata is not None
-        assert pod.spec is not None
-        tolerations = [t.to_dict() for t in pod.spec.tolerations or []]
-        if any(
-            t.get("key") == TAINT_NODE_LOCK or (not t.get("key") and t.get("operator") == "Exists")
-            for t in tolerations
-        ):
-            return
-        # Tolerations may only grow, which a merge patch of the whole list does.
-        patch: dict[str, Any] = {
-            "metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}},
-            "spec": {"tolerations": [*tolerations, {"key": TAINT_NODE_LOCK, "operator": "Exists"}]},
-        }
-        await self._patch_pod(pod, patch)
+        if (patch := lock_toleration_patch(pod, job_id)) is not None:
+            await self._patch_pod(pod, patch)
 
     async def _patch_pod(self, pod: Pod, patch: dict[str, Any], *, status: bool = False) -> None:
         """Merge-patch the pod (strategic for its status: conditions merge by type);
@@ -629,8 +490,7 @@ class Scheduler:
 
     async def _cancel(self, key: str, job_id: int | None, job: Job | None, why: str) -> None:
         if job_id is None or not active(job):
-            if not self._pods_by_key.get(key):
-                self._submitted.pop(key, None)
+            if self.index.retire(key):
                 self._reported.pop(key, None)
                 self._locks.pop(key, None)
             return
@@ -642,25 +502,11 @@ class Scheduler:
             # slurmctld then stops answering job reads (docs/slurm-port.md).
             log.warning("cannot end job %d: it is not a tenant's (uid %s)", job_id, job.user_id)
             return
-        slurm = self._as_owner(job.user_id)
         try:
-            with contextlib.suppress(SlurmNotFoundError):
-                if job.batch_flag and job.state == "RUNNING":
-                    await self._release(slurm, job_id)
-                await slurm.cancel(job_id)
-        except (OSError, ValueError) as exc:
+            await self._slurm.end(job.user_id, job_id, job)
+        except NoTenantToken as exc:
             # Its uid is no longer granted: the scheduler may not act as it.
-            log.warning("cannot end job %d: no Slurm token for its user (%s)", job_id, exc)
-            return
-        self._view.poll_now()
-
-    async def _release(self, slurm: SlurmClient, job_id: int) -> None:
-        """A placeholder ends at once on SIGUSR1; a plain cancel would hold the
-        node for KillWait (it ignores SIGTERM on purpose)."""
-        try:
-            await slurm.signal(job_id, "SIGUSR1", full=True)
-        except SlurmApiError as exc:
-            log.warning("could not signal job %d (%s): it ends after KillWait", job_id, exc)
+            log.warning("cannot end job %d: %s", job_id, exc)
 
     async def _evict(
         self, pods: Sequence[Pod], job_id: int | None, job: Job | None, why: str
@@ -692,28 +538,10 @@ class Scheduler:
                 )
 
     async def _pending(self, pods: Iterable[Pod], message: str, job_id: int | None = None) -> None:
-        """PodScheduled=False, reason Unschedulable, with `message` (Slurm's words); and
-        the pending job's id on the pod."""
+        """Tell the pods why they wait (PodScheduled=False), with the pending job's id."""
+        now = datetime.datetime.now(datetime.UTC)
         for pod in pods:
-            assert pod.metadata is not None
-            if job_id is not None and pod_annotations(pod).get(ANNOTATION_JOB_ID) != str(job_id):
-                await self._patch_pod(
-                    pod, {"metadata": {"annotations": {ANNOTATION_JOB_ID: str(job_id)}}}
-                )
-            conditions = (pod.status.conditions if pod.status else None) or []
-            have = next((c for c in conditions if c.type == "PodScheduled"), None)
-            if have is not None and have.status == "False" and have.message == message:
-                continue
-            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            condition = {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": message,
-                "lastTransitionTime": (
-                    have.lastTransitionTime.strftime("%Y-%m-%dT%H:%M:%SZ")
-                    if have is not None and have.status == "False" and have.lastTransitionTime
-                    else now
-                ),
-            }
-            await self._patch_pod(pod, {"status": {"conditions": [condition]}}, status=True)
+            if (patch := pending_job_patch(pod, job_id)) is not None:
+                await self._patch_pod(pod, patch)
+            if (patch := unschedulable_patch(pod, message, now)) is not None:
+                await self._patch_pod(pod, patch, status=True)

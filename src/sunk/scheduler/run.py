@@ -21,6 +21,7 @@ from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import SCHEDULER_NAME, Options
 from sunk.scheduler.seal import JobSeal, new_secret
+from sunk.scheduler.slurm_adapter import SlurmPortForScheduler
 from sunk.scheduler.tenancy_watch import TenancyWatch
 from sunk.service import run_until_terminated
 from sunk.slurm.auth import tenant_credentials
@@ -121,13 +122,12 @@ async def run_scheduler(config: SchedulerConfig) -> None:
             read_share=READ_SHARE,
         ) as view:
             tenancy = TenancyWatch(wiring.kube, home, config.tenancy_configmap)
+            port = SlurmPortForScheduler(wiring.slurm, view, tenants)
             scheduler = Scheduler(
                 wiring.kube,
-                wiring.slurm,
-                view,
+                port,
                 seal=seal,
                 tenancy=tenancy.current,
-                tenants=tenants,
                 tenancy_source=tenancy.source,
                 options=options,
                 scheduler_name=config.scheduler_name,
@@ -139,6 +139,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
             async with asyncio.TaskGroup() as group:
                 group.create_task(tenancy.run())
                 await tenancy.ready.wait()  # no pod is refused for a tenancy not yet read
+                group.create_task(port.run())
                 group.create_task(scheduler.run())
 
     await run_elected(config.scheduler_name, kube, config.slurm, config.election, lead)
