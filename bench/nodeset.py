@@ -47,7 +47,8 @@ from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.view import SlurmView
-from sunk_testbed.slurm_cluster import SlurmCluster
+from sunk_testbed.images import DEFAULT_SLURM
+from sunk_testbed.slurm_cluster import ROOTFS_SUITES, SlurmCluster
 
 NAMESPACE = "bench"
 NAME = "compute"
@@ -88,7 +89,9 @@ async def wait_settled(
         await asyncio.sleep(max(0.5, count / 100))
 
 
-async def bench(nodes: int, max_unavailable: str, node_grace: str, keep: bool) -> None:
+async def bench(
+    nodes: int, max_unavailable: str, node_grace: str, keep: bool, release: str
+) -> None:
     # A benchmark run in the background ignores SIGINT: let SIGTERM clean up too.
     main_task = asyncio.current_task()
     assert main_task is not None
@@ -107,6 +110,7 @@ async def bench(nodes: int, max_unavailable: str, node_grace: str, keep: bool) -
         namespaces=[NAMESPACE],
         node_grace=node_grace,
         keep=keep,
+        slurm_release=release,
     ) as bed:
         kube, cluster, slurm = bed.kube, bed.cluster, bed.slurm
         try:
@@ -203,12 +207,13 @@ def main() -> None:
     )
     parser.add_argument("--log", type=Path, help="write the controller's and Slurm view's log here")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs)")
+    parser.add_argument("--slurm", default=DEFAULT_SLURM, choices=sorted(ROOTFS_SUITES))
     args = parser.parse_args()
     if args.log:
         logging.basicConfig(
             filename=args.log, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
         )
-    asyncio.run(bench(args.nodes, args.max_unavailable, args.node_grace, args.keep))
+    asyncio.run(bench(args.nodes, args.max_unavailable, args.node_grace, args.keep, args.slurm))
 
 
 if __name__ == "__main__":

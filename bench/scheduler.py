@@ -1,6 +1,7 @@
 """Benchmark: create→bound latency and throughput, sunk's scheduler against kube-scheduler.
 
     sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000] [--slurm-conf LINE]
+        [--slurm 26.05|24.11]
 
 One run, one bed (fresh state directory). Kubernetes nodes: KWOK (simulated);
 slurmd: real processes started by the bench, one per pod (see kwok_bed.py).
@@ -48,8 +49,9 @@ from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, 
 from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
+from sunk_testbed.images import DEFAULT_SLURM
 from sunk_testbed.procs import free_port
-from sunk_testbed.slurm_cluster import SlurmCluster
+from sunk_testbed.slurm_cluster import ROOTFS_SUITES, SlurmCluster
 from sunk_testbed.slurmpods import owned, standing_nodeset
 
 NAMESPACE = "bench"
@@ -173,7 +175,9 @@ async def wait_no_jobs(cluster: SlurmCluster) -> None:
         await asyncio.sleep(1)
 
 
-async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: float) -> None:
+async def bench(
+    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float, release: str
+) -> None:
     results: dict[tuple[str, int], dict[str, float]] = {}
     conf = [
         "NodeSet=benchset Feature=bench",
@@ -189,6 +193,7 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
         max_pods="5000",
         slurm_conf=conf,
         namespaces=[NAMESPACE, NODESET_NAMESPACE],
+        slurm_release=release,
     ) as bed:
         kube, cluster, slurm, access = bed.kube, bed.cluster, bed.slurm, bed.access
         owner = await standing_nodeset(kube, NODESET_NAMESPACE, "b")
@@ -294,10 +299,10 @@ async def bench(nodes: int, bursts: list[int], slurm_conf: list[str], interval: 
 
 
 async def run_cancellable(
-    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float
+    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float, release: str
 ) -> None:
     """SIGTERM/SIGINT cancel the run, so the bed is still torn down."""
-    task = asyncio.create_task(bench(nodes, bursts, slurm_conf, interval))
+    task = asyncio.create_task(bench(nodes, bursts, slurm_conf, interval, release))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
@@ -317,9 +322,12 @@ def main() -> None:
         "--slurm-conf", action="append", default=[], help="a slurm.conf line to add (repeatable)"
     )
     parser.add_argument("--view-interval", type=float, default=0.25, help="Slurm view poll (s)")
+    parser.add_argument("--slurm", default=DEFAULT_SLURM, choices=sorted(ROOTFS_SUITES))
     args = parser.parse_args()
     bursts = [int(b) for b in args.bursts.split(",")]
-    asyncio.run(run_cancellable(args.nodes, bursts, args.slurm_conf, args.view_interval))
+    asyncio.run(
+        run_cancellable(args.nodes, bursts, args.slurm_conf, args.view_interval, args.slurm)
+    )
 
 
 if __name__ == "__main__":
