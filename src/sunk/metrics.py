@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -35,3 +38,13 @@ class ControllerMetrics:
             f"1 while the Slurm view is fresh; 0 while stale (the {component} then waits).",
             registry=self.registry,
         )
+
+    @contextlib.contextmanager
+    def reconciling(self) -> Iterator[None]:
+        """Time one reconcile; count it as failed if it raises."""
+        with self.reconcile_seconds.time():
+            try:
+                yield
+            except Exception:
+                self.errors.inc()
+                raise

@@ -34,6 +34,7 @@ from sunk.syncer.decide import (
     CORDON_REASON_ANNOTATION,
     LABEL_SLURM_DRAIN,
 )
+from sunk.syncer.slurm_adapter import SlurmPortForSyncer
 from sunk_testbed import slurmpods
 from sunk_testbed.slurm_cluster import SlurmCluster
 
@@ -86,7 +87,7 @@ async def syncing(
 ) -> AsyncIterator[Syncer]:
     lease = (sb.bed.namespace, LEASE)
     namespace = None if every_namespace else sb.bed.namespace
-    syncer = Syncer(kube, sb.client, sb.view, namespace=namespace, lease=lease)
+    syncer = Syncer(kube, SlurmPortForSyncer(sb.client, sb.view), namespace=namespace, lease=lease)
     task = asyncio.create_task(syncer.run())
     try:
         yield syncer
@@ -556,7 +557,8 @@ class SyncerInstance:
         namespace = self._sb.bed.namespace
 
         async def lead() -> None:
-            syncer = Syncer(self._kube, client, view, namespace=namespace, lease=(namespace, LEASE))
+            slurm = SlurmPortForSyncer(client, view)
+            syncer = Syncer(self._kube, slurm, namespace=namespace, lease=(namespace, LEASE))
             await syncer.run()
 
         elector = LeaderElector(self._kube, namespace=namespace, name=LEASE, identity=identity)

@@ -1,15 +1,25 @@
-"""The syncer's small pieces without a test bed: write limits and which changes become Events."""
+"""The syncer's small pieces without a test bed: write limits, which changes
+become Events, the guards on its Slurm writes (on a fake of its Slurm port)
+and the adapter's guard read."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from lightkube.models.core_v1 import NodeCondition
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.events_v1 import Event
 
-from sunk.syncer.controller import state_event
-from sunk.syncer.decide import Condition
+from sunk.slurm.errors import SlurmApiError, SlurmProblem, SlurmUnavailableError
+from sunk.slurm.models import Node as SlurmNode
+from sunk.syncer import slurm_adapter
+from sunk.syncer.controller import Syncer, state_event
+from sunk.syncer.decide import Condition, Decision, Drain, Resume, SetComment, SlurmState
 from sunk.syncer.ratelimit import TokenBucket
+from sunk.syncer.slurm_adapter import SlurmPortForSyncer
 
 
 class Clock:
@@ -90,3 +100,186 @@ def test_which_slurm_changes_are_told_as_events(
     before: NodeCondition | None, after: Condition, expected: tuple[str, str] | None
 ) -> None:
     assert state_event(before, after) == expected
+
+
+OURS = "sunk/syncer: node cordoned"
+
+
+def slurm_node(drained: bool, reason: str = "") -> SlurmState:
+    return SlurmState("slurmd-0", "IDLE", drained, reason, responding=True, busy=False)
+
+
+class FakeSlurm:
+    """Slurm as the syncer sees it, in memory (a port fake, not a Slurm):
+    `now` is what the read right before a write finds."""
+
+    fresh = True
+    write_wait = 0.0
+    requests = 0
+
+    def __init__(self, now: SlurmState | None) -> None:
+        self.now = now
+        self.writes: list[tuple[str, ...]] = []
+        self.polls = 0
+
+    def node(self, name: str) -> SlurmState | None:
+        return self.now
+
+    async def read_node(self, name: str) -> SlurmState | None:
+        return self.now
+
+    async def drain(self, name: str, reason: str) -> None:
+        self.writes.append(("drain", reason))
+
+    async def resume(self, name: str) -> None:
+        self.writes.append(("resume",))
+
+    async def set_comment(self, name: str, comment: str) -> None:
+        self.writes.append(("comment", comment))
+
+    def poll_now(self) -> None:
+        self.polls += 1
+
+    async def follow(
+        self,
+        on_node: Callable[[str], None],
+        on_state: Callable[[str | None], Awaitable[None]],
+    ) -> None:
+        await asyncio.Event().wait()
+
+    def on_write(self, callback: Callable[[int], None]) -> None:
+        pass
+
+
+class FakeKube:
+    """The Event writes the syncer makes, recorded (a port fake, not an apiserver)."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    async def create(self, event: Event) -> Event:
+        self.reasons.append(event.reason or "")
+        return event
+
+
+@pytest.mark.parametrize(
+    ("action", "now", "writes", "told"),
+    [
+        pytest.param(Drain(OURS), slurm_node(False), [("drain", OURS)], ["SlurmDrain"], id="drain"),
+        pytest.param(
+            Drain(OURS), slurm_node(True, "bad DIMM"), [], [], id="someone else's drain stays"
+        ),
+        pytest.param(
+            Drain(OURS),
+            slurm_node(True, "sunk/nodeset: replacing the pod for an update"),
+            [],
+            [],
+            id="the NodeSet controller's drain stays",
+        ),
+        pytest.param(
+            Drain(OURS),
+            slurm_node(True, "sunk/syncer: node NotReady"),
+            [("drain", OURS)],
+            ["SlurmDrain"],
+            id="its own drain takes the new reason",
+        ),
+        pytest.param(Drain(OURS), slurm_node(True, OURS), [], [], id="drained already"),
+        pytest.param(Drain(OURS), None, [], [], id="gone from Slurm"),
+        pytest.param(
+            Drain(OURS, put_back=True),
+            slurm_node(False),
+            [("drain", OURS)],
+            ["SlurmDrainRestored"],
+            id="a drain removed in Slurm is put back",
+        ),
+        pytest.param(
+            Resume(OURS), slurm_node(True, OURS), [("resume",)], ["SlurmResume"], id="resume"
+        ),
+        pytest.param(
+            Resume(OURS), slurm_node(True, "bad DIMM"), [], [], id="no resume: the reason changed"
+        ),
+        pytest.param(Resume(OURS), slurm_node(False), [], [], id="no resume: resumed already"),
+        pytest.param(Resume(OURS), None, [], [], id="no resume: gone from Slurm"),
+        pytest.param(
+            SetComment("k8s pod ns/slurmd-0 on node n1"),
+            slurm_node(True, "bad DIMM"),
+            [("comment", "k8s pod ns/slurmd-0 on node n1")],
+            [],
+            id="a comment needs no guard",
+        ),
+    ],
+)
+async def test_slurm_writes_are_guarded_by_a_read_right_before(
+    action: Drain | Resume | SetComment,
+    now: SlurmState | None,
+    writes: list[tuple[str, ...]],
+    told: list[str],
+) -> None:
+    """The cache decided `action`; what the read right before the write finds is `now`."""
+    slurm, kube = FakeSlurm(now), FakeKube()
+    syncer = Syncer(kube, slurm)  # type: ignore[arg-type]
+    node = Node(metadata=ObjectMeta(name="n1", uid="u1"))
+    await syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[action]))
+    assert slurm.writes == writes
+    assert kube.reasons == told
+    assert slurm.polls == 1  # the view is asked to show the outcome either way
+    for kind in ("drain", "resume", "comment"):
+        counted = syncer.metrics.registry.get_sample_value(
+            "sunk_syncer_actions_total", {"kind": kind}
+        )
+        assert (counted or 0) == sum(1 for write in writes if write[0] == kind)
+
+
+class FakeClient:
+    """The read the adapter makes right before a write (a port fake, not a slurmrestd)."""
+
+    def __init__(self, answer: SlurmNode | Exception | None, *, hangs: bool = False) -> None:
+        self.answer = answer
+        self.hangs = hangs
+
+    async def node(self, name: str) -> SlurmNode | None:
+        if self.hangs:
+            await asyncio.Event().wait()  # as slurmrestd 24.11 can, until its MessageTimeout
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+class FakeView:
+    def __init__(self, cached: SlurmNode) -> None:
+        self.cached = cached
+
+    def node(self, name: str) -> SlurmNode | None:
+        return self.cached
+
+
+CACHED = SlurmNode(name="slurmd-0", state=("IDLE",))
+NOW = SlurmNode(name="slurmd-0", state=("IDLE", "DRAIN"), reason="bad DIMM")
+REFUSED = SlurmApiError(
+    "GET", "node/slurmd-0", 500, (SlurmProblem(-1, "Unable to query partitions", ""),)
+)
+
+
+@pytest.mark.parametrize(
+    ("client", "expected"),
+    [
+        pytest.param(FakeClient(NOW), NOW, id="the node as it is now"),
+        pytest.param(FakeClient(None), None, id="gone from Slurm"),
+        pytest.param(FakeClient(REFUSED), CACHED, id="a failed read: the cached copy"),
+        pytest.param(FakeClient(NOW, hangs=True), CACHED, id="a hung read: the cached copy"),
+    ],
+)
+async def test_the_guard_read_falls_back_to_the_cache(
+    client: FakeClient, expected: SlurmNode | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slurm_adapter, "GUARD_READ_TIMEOUT", 0.01)
+    port = SlurmPortForSyncer(client, FakeView(CACHED))  # type: ignore[arg-type]
+    read = await port.read_node("slurmd-0")
+    assert read == (None if expected is None else slurm_adapter.slurm_state(expected))
+
+
+async def test_the_guard_read_raises_when_slurm_cannot_be_reached() -> None:
+    down = SlurmUnavailableError("GET", "node/slurmd-0", "refused", maybe_applied=False)
+    port = SlurmPortForSyncer(FakeClient(down), FakeView(CACHED))  # type: ignore[arg-type]
+    with pytest.raises(SlurmUnavailableError):
+        await port.read_node("slurmd-0")

@@ -6,17 +6,15 @@ view's change events for the Slurm node of the same name as the pod). Each
 reconcile reads all three as they are now and applies what `decide` says,
 writing only what differs, so repeated or missed events do no harm.
 
-Writes to Slurm go out at once (a cordon reaches Slurm in one REST call),
-within the write rate limits; the same write for many nodes at once (a rack
-cordoned: drains with one reason) goes as one request for all of them
-(`batch.py`). A resume is made only after a fresh read shows sunk's own
-reason still in place. Every action, and every Slurm state that shows up
-on Kubernetes, is told as an Event. While Slurm's view is stale
-nothing is done on either side: the node and pod get SlurmSynced=False, the
-syncer's Lease an Event, and the work resumes by itself once Slurm answers.
-
-Over 500 lines: the decisions are pure (`decide.py`); what is here is the
-I/O of both sides (informers, writes, locks, Events), kept beside the loop.
+Slurm is reached through a narrow port (`slurm_port.py`). Writes to Slurm
+go out at once (a cordon reaches Slurm in one REST call), within the write
+rate limits; the same write for many nodes at once (a rack cordoned: drains
+with one reason) goes as one request for all of them (`batch.py`). A resume
+is made only after a fresh read shows sunk's own reason still in place.
+Every action, and every Slurm state that shows up on Kubernetes, is told as
+an Event. While Slurm's view is stale nothing is done on either side: the
+node and pod get SlurmSynced=False, the syncer's Lease an Event, and the
+work resumes by itself once Slurm answers.
 """
 
 from __future__ import annotations
@@ -39,12 +37,6 @@ from sunk.kube.client import pod_ready
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.workqueue import Result, Stale, WorkQueue, run_workers
-from sunk.slurm.client import SlurmClient
-from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
-from sunk.slurm.models import Node as SlurmNode
-from sunk.slurm.models import NodeUpdate
-from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
-from sunk.syncer.batch import BatchWriter
 from sunk.syncer.decide import (
     REASON_PREFIX,
     Condition,
@@ -54,12 +46,12 @@ from sunk.syncer.decide import (
     Resume,
     SetComment,
     SlurmdPodState,
-    SlurmState,
     decide,
     stale,
 )
 from sunk.syncer.metrics import SyncerMetrics
 from sunk.syncer.ratelimit import TokenBucket, WriteLimits
+from sunk.syncer.slurm_port import ALL_NODES, SyncerSlurm
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +59,6 @@ CONTROLLER = "sunk-syncer"
 # While Slurm cannot be read, look again this often: the view can turn stale by
 # age alone (a hung poll), and then no state event announces its return.
 STALE_RECHECK = 2.0
-# The read right before a write waits this long, then the view's copy is used.
-GUARD_READ_TIMEOUT = 0.5
 # Stale for less than this, the syncer holds still without saying so.
 STALE_GRACE = 3.0
 
@@ -119,18 +109,6 @@ def pod_state(pod: Pod, now: datetime.datetime | None = None) -> SlurmdPodState:
     )
 
 
-def slurm_state(node: SlurmNode) -> SlurmState:
-    return SlurmState(
-        name=node.name,
-        base_state=node.base_state,
-        drained=node.draining,
-        reason=node.reason,
-        responding=node.responding,
-        busy=not node.idle_or_down,
-        comment=node.comment,
-    )
-
-
 def state_event(
     have: NodeCondition | PodCondition | None, wanted: Condition
 ) -> tuple[str, Literal["Normal", "Warning"]] | None:
@@ -159,8 +137,7 @@ class Syncer:
     def __init__(
         self,
         kube: AsyncClient,
-        slurm: SlurmClient,
-        view: SlurmView,
+        slurm: SyncerSlurm,
         *,
         watched_conditions: Sequence[str] = (),
         lock_effect: str = "NoExecute",
@@ -170,24 +147,23 @@ class Syncer:
         # not the worker count, bound the load on them.
         workers: int = 16,
         metrics: SyncerMetrics | None = None,
+        # The Kubernetes half; the Slurm half bounds the port's writes.
         limits: WriteLimits | None = None,
         lease: tuple[str, str] = ("default", CONTROLLER),
     ) -> None:
         self.metrics = metrics or SyncerMetrics()
         self._kube = kube
         self._slurm = slurm
-        self._view = view
         self._watched = tuple(watched_conditions)
         self._lock_effect = lock_effect
         self._workers = workers
         self._events = EventRecorder(kube, CONTROLLER)
         limits = limits or WriteLimits()
-        self.slurm_writes = TokenBucket(limits.slurm_rate, limits.slurm_burst)
         self.kube_writes = TokenBucket(limits.kube_rate, limits.kube_burst)
-        self._slurm_writer = BatchWriter(self._update_slurm_nodes, self.slurm_writes.acquire)
-        self.metrics.write_wait.labels(api="slurm").set_function(lambda: self.slurm_writes.waited)
+        self.metrics.write_wait.labels(api="slurm").set_function(lambda: slurm.write_wait)
         self.metrics.write_wait.labels(api="kube").set_function(lambda: self.kube_writes.waited)
-        self.metrics.slurm_requests.set_function(lambda: slurm.stats.requests)
+        self.metrics.slurm_requests.set_function(lambda: slurm.requests)
+        slurm.on_write(self.metrics.slurm_write_nodes.observe)
         # Events about the syncer as a whole (Slurm unreachable, back) go on its Lease.
         self._lease = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -228,29 +204,27 @@ class Syncer:
         pods.sort(key=lambda p: bool(p.metadata and p.metadata.deletionTimestamp))
         return pods[0] if pods else None
 
-    async def _follow_slurm(self) -> None:
-        subscription = self._view.subscribe(replay=False)
-        try:
-            async for event in subscription:
-                if isinstance(event, NodeEvent):
-                    pod = self._pod_named(event.name)
-                    if pod is not None and pod.spec and pod.spec.nodeName:
-                        self.queue.add(pod.spec.nodeName)
-                elif isinstance(event, StateEvent | Resync):
-                    if isinstance(event, StateEvent):
-                        await self._on_view_state(event)
-                    for key in self._nodes.list_keys():
-                        self.queue.add(key)
-        finally:
-            subscription.close()
+    def _enqueue_all(self) -> None:
+        for key in self._nodes.list_keys():
+            self.queue.add(key)
 
-    async def _on_view_state(self, event: StateEvent) -> None:
-        if event.state is ViewState.STALE:
-            self._stale_reason = f"Slurm cannot be read: {event.reason}"
+    def _on_slurm_node(self, name: str) -> None:
+        """The Slurm node named as a slurmd pod changed: that pod's node is the key."""
+        if name == ALL_NODES:
+            self._enqueue_all()
+            return
+        pod = self._pod_named(name)
+        if pod is not None and pod.spec and pod.spec.nodeName:
+            self.queue.add(pod.spec.nodeName)
+
+    async def _on_slurm_state(self, stale_reason: str | None) -> None:
+        if stale_reason is not None:
+            self._stale_reason = f"Slurm cannot be read: {stale_reason}"
             if self._stale_since is None:
                 self._stale_since = time.monotonic()
-        elif event.state is ViewState.FRESH:
+        else:
             await self._note_fresh()
+        self._enqueue_all()
 
     async def _note_stale(self) -> float:
         """Seconds the view has been stale; announced once it is STALE_GRACE or more."""
@@ -284,28 +258,25 @@ class Syncer:
             group.create_task(self._nodes.run())
             group.create_task(self._pods.run())
             await asyncio.gather(self._nodes.synced.wait(), self._pods.synced.wait())
-            group.create_task(self._follow_slurm())
+            group.create_task(self._slurm.follow(self._on_slurm_node, self._on_slurm_state))
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
 
     async def reconcile(self, name: str) -> Result | None:
-        with self.metrics.reconcile_seconds.time():
-            try:
+        try:
+            with self.metrics.reconciling():
                 return await self._reconcile(name)
-            except Exception:
-                self.metrics.errors.inc()
-                raise
-            finally:
-                self._count_slurm_nodes()
+        finally:
+            self._count_slurm_nodes()
 
     def _count_slurm_nodes(self) -> None:
-        self.metrics.view_fresh.set(1 if self._view.fresh else 0)
-        if not self._view.fresh:
+        self.metrics.view_fresh.set(1 if self._slurm.fresh else 0)
+        if not self._slurm.fresh:
             return
         counts: dict[tuple[str, str], int] = {}
         for pod in self._slurmd_pods():
-            node = self._view.node((pod.metadata.name if pod.metadata else None) or "")
+            node = self._slurm.node((pod.metadata.name if pod.metadata else None) or "")
             if node is not None:
-                key = (node.base_state, "true" if node.draining else "false")
+                key = (node.base_state, "true" if node.drained else "false")
                 counts[key] = counts.get(key, 0) + 1
         self.metrics.slurm_nodes.clear()
         for (state, drain), count in counts.items():
@@ -321,7 +292,7 @@ class Syncer:
                 node, decide(kube_node_state(node, self._watched), None, None)
             )
             return None
-        if not self._view.fresh:
+        if not self._slurm.fresh:
             # Nothing is done on stale data. A blip (the 24.11 defect can fail a
             # read or two after a change) is not worth a condition on every node.
             waited = await self._note_stale()
@@ -333,11 +304,10 @@ class Syncer:
             return Result(requeue_after=STALE_RECHECK)
         await self._note_fresh()
         slurmd = pod_state(pod)
-        slurm_node = self._view.node(slurmd.name)
         decision = decide(
             kube_node_state(node, self._watched),
             slurmd,
-            slurm_state(slurm_node) if slurm_node is not None else None,
+            self._slurm.node(slurmd.name),
             lock_effect=self._lock_effect,
         )
         await self._apply_slurm(node, slurmd.name, decision)
@@ -353,13 +323,13 @@ class Syncer:
                 # Read the node again first: a drain someone made since the view was
                 # read is theirs, and must not be overwritten. (Slurm has no
                 # conditional update; this leaves a window of one round trip.)
-                fresh = await self._read_node(slurm_name)
-                if fresh is None or (fresh.draining and not fresh.reason.startswith(REASON_PREFIX)):
+                fresh = await self._slurm.read_node(slurm_name)
+                if fresh is None or (fresh.drained and not fresh.reason.startswith(REASON_PREFIX)):
                     continue
-                if fresh.draining and fresh.reason == action.reason:
+                if fresh.drained and fresh.reason == action.reason:
                     continue
                 log.info("drain %s: %s", slurm_name, action.reason)
-                await self._slurm_writer.drain(slurm_name, action.reason)
+                await self._slurm.drain(slurm_name, action.reason)
                 self.metrics.actions.labels(kind="drain").inc()
                 if action.put_back:
                     await self._events.emit(
@@ -378,11 +348,11 @@ class Syncer:
                         action="Drain",
                     )
             elif isinstance(action, Resume):
-                fresh = await self._read_node(slurm_name)
+                fresh = await self._slurm.read_node(slurm_name)
                 # Resume only what is still ours: someone may have drained it since.
-                if fresh is not None and fresh.draining and fresh.reason == action.reason:
+                if fresh is not None and fresh.drained and fresh.reason == action.reason:
                     log.info("resume %s (was: %s)", slurm_name, action.reason)
-                    await self._slurm_writer.resume(slurm_name)
+                    await self._slurm.resume(slurm_name)
                     self.metrics.actions.labels(kind="resume").inc()
                     await self._events.emit(
                         node,
@@ -393,32 +363,10 @@ class Syncer:
                     )
             elif isinstance(action, SetComment):
                 log.info("comment %s: %s", slurm_name, action.comment)
-                await self._slurm_writer.comment(slurm_name, action.comment)
+                await self._slurm.set_comment(slurm_name, action.comment)
                 self.metrics.actions.labels(kind="comment").inc()
         if decision.slurm:
-            self._view.poll_now()  # show what was written without waiting for the next poll
-
-    async def _update_slurm_nodes(self, names: Sequence[str], update: NodeUpdate) -> None:
-        """One request of the batch writer; the histogram shows how well writes coalesce."""
-        self.metrics.slurm_write_nodes.observe(len(names))
-        await self._slurm.update_nodes(names, update)
-
-    async def _read_node(self, name: str) -> SlurmNode | None:
-        """The Slurm node as it is now, read right before a write that depends on it.
-
-        Not through the view's refresh_node: a failed read there marks the whole
-        view stale, and slurmrestd 24.11 sometimes fails single-node reads after
-        a change ("Unable to query partitions"), or hangs on them until its
-        MessageTimeout. Then the view's copy (at most one poll old) has to do,
-        rather than holding the write back; an unreachable Slurm still raises.
-        """
-        try:
-            async with asyncio.timeout(GUARD_READ_TIMEOUT):
-                return await self._slurm.node(name)
-        except (SlurmAuthError, SlurmUnavailableError):
-            raise
-        except (SlurmApiError, TimeoutError):
-            return self._view.node(name)
+            self._slurm.poll_now()  # show what was written without waiting for the next poll
 
     async def _mirror_on_node(self, node: Node, decision: Decision) -> None:
         await self._write_metadata(node, decision)

@@ -15,6 +15,7 @@ from sunk.slurm.view import SlurmView
 from sunk.syncer.controller import Syncer
 from sunk.syncer.metrics import SyncerMetrics
 from sunk.syncer.ratelimit import WriteLimits
+from sunk.syncer.slurm_adapter import SlurmPortForSyncer
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,7 @@ async def run_syncer(config: SyncerConfig) -> None:
         async with SlurmView(wiring.slurm, interval=config.poll_interval, watch_jobs=False) as view:
             syncer = Syncer(
                 wiring.kube,
-                wiring.slurm,
-                view,
+                SlurmPortForSyncer(wiring.slurm, view, limits=config.limits),
                 watched_conditions=config.watched_conditions,
                 lock_effect=config.lock_effect,
                 namespace=config.namespace,

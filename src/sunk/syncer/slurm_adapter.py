@@ -1,0 +1,103 @@
+"""SyncerSlurm over sunk's Slurm port: the cached view for deciding, a guard
+read and batched, rate-limited writes for acting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+from sunk.slurm.channel import SlurmChannel
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
+from sunk.slurm.models import Node, NodeUpdate
+from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
+from sunk.syncer.batch import BatchWriter
+from sunk.syncer.decide import SlurmState
+from sunk.syncer.ratelimit import TokenBucket, WriteLimits
+from sunk.syncer.slurm_port import ALL_NODES
+
+# The read right before a write waits this long, then the view's copy is used.
+GUARD_READ_TIMEOUT = 0.5
+
+
+def slurm_state(node: Node) -> SlurmState:
+    return SlurmState(
+        name=node.name,
+        base_state=node.base_state,
+        drained=node.draining,
+        reason=node.reason,
+        responding=node.responding,
+        busy=not node.idle_or_down,
+        comment=node.comment,
+    )
+
+
+class SlurmPortForSyncer(SlurmChannel):
+    def __init__(
+        self, client: SlurmClient, view: SlurmView, *, limits: WriteLimits | None = None
+    ) -> None:
+        """`limits`: the Slurm half bounds the writes here (the Kubernetes half is the syncer's)."""
+        super().__init__(client, view)
+        limits = limits or WriteLimits()
+        self._writes = TokenBucket(limits.slurm_rate, limits.slurm_burst)
+        self._writer = BatchWriter(self._update_nodes, self._writes.acquire)
+        self._write_callbacks: list[Callable[[int], None]] = []
+
+    def node(self, name: str) -> SlurmState | None:
+        node = self._view.node(name)
+        return None if node is None else slurm_state(node)
+
+    async def read_node(self, name: str) -> SlurmState | None:
+        """Not through the view's refresh_node: a failed read there marks the whole
+        view stale, and slurmrestd 24.11 sometimes fails single-node reads after
+        a change ("Unable to query partitions"), or hangs on them until its
+        MessageTimeout. Then the view's copy (at most one poll old) has to do,
+        rather than holding the write back; an unreachable Slurm still raises.
+        """
+        try:
+            async with asyncio.timeout(GUARD_READ_TIMEOUT):
+                node = await self._client.node(name)
+        except (SlurmAuthError, SlurmUnavailableError):
+            raise
+        except (SlurmApiError, TimeoutError):
+            return self.node(name)
+        return None if node is None else slurm_state(node)
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self._writer.drain(name, reason)
+
+    async def resume(self, name: str) -> None:
+        await self._writer.resume(name)
+
+    async def set_comment(self, name: str, comment: str) -> None:
+        await self._writer.comment(name, comment)
+
+    async def _update_nodes(self, names: Sequence[str], update: NodeUpdate) -> None:
+        """One request of the batch writer."""
+        for callback in self._write_callbacks:
+            callback(len(names))
+        await self._client.update_nodes(names, update)
+
+    async def follow(
+        self,
+        on_node: Callable[[str], None],
+        on_state: Callable[[str | None], Awaitable[None]],
+    ) -> None:
+        with contextlib.closing(self._view.subscribe(replay=False)) as subscription:
+            async for event in subscription:
+                if isinstance(event, NodeEvent):
+                    on_node(event.name)
+                elif isinstance(event, StateEvent) and event.state is ViewState.STALE:
+                    await on_state(event.reason)
+                elif isinstance(event, StateEvent) and event.state is ViewState.FRESH:
+                    await on_state(None)
+                elif isinstance(event, StateEvent | Resync):
+                    on_node(ALL_NODES)  # events dropped, or the view closed
+
+    @property
+    def write_wait(self) -> float:
+        return self._writes.waited
+
+    def on_write(self, callback: Callable[[int], None]) -> None:
+        self._write_callbacks.append(callback)
