@@ -124,12 +124,7 @@ async def bench(
             port_ = SlurmPortForNodeSets(client, view)
             controller = NodeSetController(kube, port_, namespace=NAMESPACE)
 
-            async def run_controller() -> None:
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(port_.run())
-                    group.create_task(controller.run())
-
-            controller_task = asyncio.create_task(run_controller())
+            controller_task = asyncio.create_task(controller.run())
             NodeSet = api.resource()
             body = {
                 "metadata": {"name": NAME, "namespace": NAMESPACE},

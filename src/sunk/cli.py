@@ -56,6 +56,9 @@ LeaseNamespaceOption = Annotated[
     ),
 ]
 VerboseOption = Annotated[bool, typer.Option("-v", "--verbose")]
+MetricsPortOption = Annotated[
+    int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
+]
 
 
 def _component_logging(verbose: bool) -> None:
@@ -88,6 +91,7 @@ def operator(
         str | None, typer.Option(help="Watch one namespace (default: all).")
     ] = None,
     lease_namespace: LeaseNamespaceOption = "default",
+    metrics_port: MetricsPortOption = 9090,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the NodeSet controller (leader-elected)."""
@@ -101,6 +105,7 @@ def operator(
         election=Election("sunk-operator", lease_namespace),
         kubeconfig=kubeconfig,
         namespace=namespace,
+        metrics_port=metrics_port or None,
     )
     run_until_terminated(run_operator(config))
 
@@ -185,9 +190,7 @@ def syncer(
     lock_effect: Annotated[
         str, typer.Option(help="Effect of the node-lock taint while a job runs.")
     ] = "NoExecute",
-    metrics_port: Annotated[
-        int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
-    ] = 9090,
+    metrics_port: MetricsPortOption = 9090,
     lease_namespace: LeaseNamespaceOption = "default",
     slurm_writes: Annotated[
         float, typer.Option(help="Slurm writes per second (burst: --slurm-burst; 0: no limit).")
@@ -250,9 +253,7 @@ def scheduler(
     ] = 30,
     poll_interval: Annotated[float, typer.Option(help="Seconds between Slurm polls.")] = 0.25,
     lease_namespace: LeaseNamespaceOption = "default",
-    metrics_port: Annotated[
-        int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
-    ] = 9090,
+    metrics_port: MetricsPortOption = 9090,
     job_seal_secret: Annotated[
         str,
         typer.Option(

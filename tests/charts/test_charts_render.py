@@ -130,6 +130,28 @@ def test_busy_slurmd_pods_have_a_disruption_budget_that_can_be_turned_off(helm: 
     assert budgets("--set", "busyNodeBudget=false") == []
 
 
+def test_each_controller_serves_metrics_on_a_service_of_its_own(helm: Helm) -> None:
+    def render(*args: str) -> list[dict[str, Any]]:
+        out = helm.run(["template", "rel", str(CHARTS / "sunk-cluster"), *args])
+        return [d for d in yaml.safe_load_all(out) if d]
+
+    docs = render()
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    for component in ("operator", "syncer", "scheduler"):
+        service = services[f"rel-{component}-metrics"]
+        assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090}]
+        assert service["spec"]["selector"]["app.kubernetes.io/component"] == component
+        (deployment,) = (
+            d
+            for d in docs
+            if d["kind"] == "Deployment" and d["metadata"]["name"] == f"rel-{component}"
+        )
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert "--metrics-port=9090" in container["command"]
+    off = render("--set", "operator.metricsPort=0")
+    assert "rel-operator-metrics" not in {d["metadata"]["name"] for d in off}
+
+
 def test_only_the_tokens_pod_holds_the_jwt_key(helm: Helm) -> None:
     """The components parse what others write: each mounts its own token
     Secret, and only `sunk tokens` the key that can mint any user's token."""

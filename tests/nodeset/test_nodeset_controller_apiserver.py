@@ -56,13 +56,25 @@ class MemorySlurm:
         for callback in self.callbacks:
             callback(name)
 
+    @property
+    def fresh(self) -> bool:
+        return not self.stale
+
+    @property
+    def requests(self) -> int:
+        return len(self.log)
+
     def nodes_with_feature(self, feature: str) -> Mapping[str, SlurmNodeView] | None:
         if self.stale:
             return None
         return {n: v for n, v in self.nodes.items() if self.features.get(n) == feature}
 
-    def on_change(self, callback: Callable[[str], None]) -> None:
-        self.callbacks.append(callback)
+    async def follow(self, on_change: Callable[[str], None]) -> None:
+        self.callbacks.append(on_change)
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            self.callbacks.remove(on_change)
 
     async def drain_unless_drained(self, name: str, reason: str) -> bool:
         node = self.nodes.get(name)
@@ -122,10 +134,13 @@ async def pool(kube: AsyncClient) -> AsyncIterator[Callable[..., Any]]:
 
 
 @contextlib.asynccontextmanager
-async def controller(kube: AsyncClient, slurm: MemorySlurm, namespace: str) -> AsyncIterator[None]:
-    task = asyncio.create_task(NodeSetController(kube, slurm, namespace=namespace).run())
+async def controller(
+    kube: AsyncClient, slurm: MemorySlurm, namespace: str
+) -> AsyncIterator[NodeSetController]:
+    running = NodeSetController(kube, slurm, namespace=namespace)
+    task = asyncio.create_task(running.run())
     try:
-        yield
+        yield running
         # Deleting a NodeSet drains its nodes out and then drops the
         # finalizer: the controller must see it through.
         async for obj in kube.list(NodeSet, namespace=namespace):
@@ -182,9 +197,14 @@ async def test_one_pod_per_matching_node_and_a_new_node_gets_one(
 ) -> None:
     nodes = await pool(4)
     slurm = MemorySlurm()
-    async with controller(kube, slurm, namespace):
+    async with controller(kube, slurm, namespace) as running:
         await kube.create(nodeset("cpu", {"pool": pool.tag}), namespace=namespace)
         pods = await eventually(lambda: _count(pods_of(kube, namespace, "cpu"), 4))
+        registry = running.metrics.registry
+        created = registry.get_sample_value("sunk_operator_actions_total", {"kind": "pod_create"})
+        assert created == 4
+        assert registry.get_sample_value("sunk_operator_reconcile_seconds_count")
+        assert registry.get_sample_value("sunk_operator_slurm_view_fresh") == 1
         assert sorted(p.metadata.name for p in pods) == sorted(f"cpu-{n}" for n in nodes)
         env = {e.name: e.value for e in pods[0].spec.containers[0].env}
         assert env["SLURMD_NODENAME"] == pods[0].metadata.name

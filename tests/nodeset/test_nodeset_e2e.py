@@ -76,9 +76,7 @@ class Operator:
             async with view:
                 port = SlurmPortForNodeSets(client, view)
                 controller = NodeSetController(self.kube, port, namespace=self.namespace)
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(port.run())
-                    group.create_task(controller.run())
+                await controller.run()
 
     def start(self) -> None:
         assert self._task is None or self._task.done()

@@ -203,9 +203,7 @@ class SchedulerProcess:
                 slurmd_namespace=self.sb.bed.namespace,
                 metrics=self.metrics,
             )
-            async with asyncio.TaskGroup() as group:
-                group.create_task(port.run())
-                group.create_task(self.scheduler.run())
+            await self.scheduler.run()
 
     @property
     def submits(self) -> int:

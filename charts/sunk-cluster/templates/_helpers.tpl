@@ -177,3 +177,20 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: {{ ternary "ClusterRole" "R
 subjects:
   - {kind: ServiceAccount, name: {{ .root.Release.Name }}-{{ .component }}, namespace: {{ .root.Release.Namespace }}}
 {{- end -}}
+
+{{- /* The Service Prometheus finds a component's /metrics on, when it has a
+  port: <release>-<component>-metrics. */ -}}
+{{- define "sunk.metricsService" }}
+{{- if .c.metricsPort }}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ .root.Release.Name }}-{{ .component }}-metrics
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+spec:
+  selector: {{- include "sunk.selector" (dict "root" .root "component" .component) | nindent 4 }}
+  ports:
+    - {name: metrics, port: {{ .c.metricsPort }}}
+{{- end }}
+{{- end }}

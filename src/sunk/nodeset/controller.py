@@ -27,6 +27,7 @@ from sunk.kube.informer import Event, Informer, key_of
 from sunk.kube.raw import delete_pod
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
 from sunk.nodeset.feasibility import feasible
+from sunk.nodeset.metrics import NodeSetMetrics
 from sunk.nodeset.ownership import Assignment, Claimant, assign
 from sunk.nodeset.plan import (
     CreatePod,
@@ -46,7 +47,7 @@ from sunk.nodeset.pods import (
     slurm_node_name,
     template_hash,
 )
-from sunk.nodeset.slurm_port import NodeSetSlurm
+from sunk.nodeset.slurm_port import ALL_NODES, NodeSetSlurm
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,14 @@ class NodeSetController:
         namespace: str | None = None,
         workers: int = 4,
         identity: str | None = None,
+        metrics: NodeSetMetrics | None = None,
     ) -> None:
         """`identity`: the replica, as its Events' reportingInstance names it."""
         self._kube = kube
         self._slurm = slurm
+        self.metrics = metrics or NodeSetMetrics()
+        self.metrics.slurm_requests.set_function(lambda: slurm.requests)
+        self.metrics.view_fresh.set_function(lambda: 1 if slurm.fresh else 0)
         self._workers = workers
         # None is every namespace (lightkube's None would be its default one).
         self._nodesets: Informer[Any] = Informer(kube, api.resource(), namespace=namespace)
@@ -111,7 +116,6 @@ class NodeSetController:
         self._nodesets.subscribe(lambda e: self.queue.add(e.key))
         self._nodes.subscribe(self._on_node)
         self._pods.subscribe(self._on_pod)
-        slurm.on_change(self._on_slurm_node)
 
     # -- events → keys
 
@@ -141,7 +145,7 @@ class NodeSetController:
             self.queue.add(f"{meta.namespace}/{owner}")
 
     def _on_slurm_node(self, name: str) -> None:
-        if name == "*":  # Slurm's view went stale or fresh: every set may act now
+        if name == ALL_NODES:  # Slurm's view went stale or fresh: every set may act now
             self._enqueue_all()
             return
         pod = next((p for p in self._pods.items() if p.metadata and p.metadata.name == name), None)
@@ -152,6 +156,7 @@ class NodeSetController:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
+            group.create_task(self._slurm.follow(self._on_slurm_node))
             for informer in (self._nodesets, self._nodes, self._pods):
                 group.create_task(informer.run())
             await asyncio.gather(
@@ -162,6 +167,10 @@ class NodeSetController:
     # -- reconcile
 
     async def reconcile(self, key: str) -> Result | None:
+        with self.metrics.reconciling():
+            return await self._reconcile(key)
+
+    async def _reconcile(self, key: str) -> Result | None:
         obj = self._nodesets.get(key)
         if obj is None:
             return None
@@ -306,6 +315,7 @@ class NodeSetController:
                     if error.status.code != 409:
                         raise
                     return
+                self.metrics.actions.labels(kind="pod_create").inc()
                 await self._events.emit(
                     obj,
                     "CreatedPod",
@@ -314,6 +324,7 @@ class NodeSetController:
                 )
             case Drain(slurm_node=name, reason=reason):
                 if await self._slurm.drain_unless_drained(name, reason):
+                    self.metrics.actions.labels(kind="drain").inc()
                     await self._events.emit(
                         obj, "DrainedNode", f"drained Slurm node {name}: {reason}", action="Drain"
                     )
@@ -327,16 +338,19 @@ class NodeSetController:
                     return
                 if not await self._delete_pod(ref.namespace, pod_name):
                     return
+                self.metrics.actions.labels(kind="pod_delete").inc()
                 await self._events.emit(
                     obj, "DeletedPod", f"deleted pod {pod_name}: {why}", action="Delete"
                 )
             case Resume(slurm_node=name, reason=reason):
                 if await self._slurm.resume_if_reason(name, reason):
+                    self.metrics.actions.labels(kind="resume").inc()
                     await self._events.emit(
                         obj, "ResumedNode", f"resumed Slurm node {name}", action="Resume"
                     )
             case DeleteSlurmNode(slurm_node=name):
                 await self._slurm.delete_node(name)
+                self.metrics.actions.labels(kind="slurm_delete").inc()
                 await self._events.emit(
                     obj, "RemovedNode", f"removed Slurm node {name}", action="Delete"
                 )

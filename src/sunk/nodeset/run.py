@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client import start_http_server
 
 from sunk.api.install import install_crds
 from sunk.component import Election, SlurmAccess, Wiring, run_elected
 from sunk.kube.client import kube_client
 from sunk.kube.retry import until_answered
 from sunk.nodeset.controller import NodeSetController
+from sunk.nodeset.metrics import NodeSetMetrics
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.view import SlurmView
 
@@ -24,9 +26,13 @@ class OperatorConfig:
     namespace: str | None = None  # None: every namespace
     install_crds: bool = True
     workers: int = 4
+    metrics_port: int | None = 9090  # None: no /metrics endpoint
 
 
 async def run_operator(config: OperatorConfig) -> None:
+    metrics = NodeSetMetrics()
+    if config.metrics_port is not None:
+        start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, "sunk-operator")
     if config.install_crds:
         await until_answered(
@@ -43,9 +49,8 @@ async def run_operator(config: OperatorConfig) -> None:
                 namespace=config.namespace,
                 workers=config.workers,
                 identity=wiring.identity,
+                metrics=metrics,
             )
-            async with asyncio.TaskGroup() as group:
-                group.create_task(port.run())
-                group.create_task(controller.run())
+            await controller.run()
 
     await run_elected("sunk-operator", kube, config.slurm, config.election, lead)

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Mapping
 
 from sunk.nodeset.plan import SlurmNodeView
-from sunk.slurm.client import SlurmClient
+from sunk.nodeset.slurm_port import ALL_NODES
+from sunk.slurm.channel import SlurmChannel, tell
 from sunk.slurm.errors import SlurmNotFoundError
 from sunk.slurm.models import Node
-from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent
-
-log = logging.getLogger(__name__)
-
-# Passed to on_change callbacks when every node may have changed (the view
-# went stale or fresh again).
-ALL_NODES = "*"
+from sunk.slurm.view import NodeEvent, Resync, StateEvent
 
 
 def node_view(node: Node) -> SlurmNodeView:
@@ -30,12 +24,7 @@ def node_view(node: Node) -> SlurmNodeView:
     )
 
 
-class SlurmPortForNodeSets:
-    def __init__(self, client: SlurmClient, view: SlurmView) -> None:
-        self._client = client
-        self._view = view
-        self._callbacks: list[Callable[[str], None]] = []
-
+class SlurmPortForNodeSets(SlurmChannel):
     def nodes_with_feature(self, feature: str) -> Mapping[str, SlurmNodeView] | None:
         if not self._view.fresh:
             return None
@@ -45,28 +34,13 @@ class SlurmPortForNodeSets:
             if feature in node.features
         }
 
-    def on_change(self, callback: Callable[[str], None]) -> None:
-        self._callbacks.append(callback)
-
-    async def run(self) -> None:
-        """Forward the view's events to the callbacks, until cancelled."""
-        subscription = self._view.subscribe(replay=False)
-        try:
+    async def follow(self, on_change: Callable[[str], None]) -> None:
+        with contextlib.closing(self._view.subscribe(replay=False)) as subscription:
             async for event in subscription:
                 if isinstance(event, NodeEvent):
-                    self._notify(event.name)
+                    tell(on_change, event.name)
                 elif isinstance(event, StateEvent | Resync):
-                    # Stale, fresh again, or events dropped: look at everything.
-                    self._notify(ALL_NODES)
-        finally:
-            subscription.close()
-
-    def _notify(self, name: str) -> None:
-        for callback in self._callbacks:
-            try:
-                callback(name)
-            except Exception:
-                log.exception("NodeSet callback failed for Slurm node %s", name)
+                    tell(on_change, ALL_NODES)
 
     async def drain_unless_drained(self, name: str, reason: str) -> bool:
         # The view may be a poll old: a drain made since would lose its reason.

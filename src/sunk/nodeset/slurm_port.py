@@ -11,15 +11,29 @@ from typing import Protocol
 
 from sunk.nodeset.plan import SlurmNodeView
 
+# What on_change gets when every node may have changed.
+ALL_NODES = "*"
+
 
 class NodeSetSlurm(Protocol):
+    @property
+    def fresh(self) -> bool:
+        """The cached view is up to date (a metric; planning asks `nodes_with_feature`)."""
+        ...
+
+    @property
+    def requests(self) -> int:
+        """REST requests made so far, the view's polls included (a metric)."""
+        ...
+
     def nodes_with_feature(self, feature: str) -> Mapping[str, SlurmNodeView] | None:
         """The cached Slurm nodes carrying `feature`, by name; None while the view is stale."""
         ...
 
-    def on_change(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(node_name)` whenever a Slurm node changes, and `callback("*")`
-        when the view as a whole changes (stale or fresh again)."""
+    async def follow(self, on_change: Callable[[str], None]) -> None:
+        """Until cancelled, call `on_change(node_name)` whenever a cached Slurm
+        node changes from now on, and `on_change(ALL_NODES)` when the view as a
+        whole changes (stale or fresh again, or changes were dropped)."""
         ...
 
     async def drain_unless_drained(self, name: str, reason: str) -> bool:

@@ -177,7 +177,6 @@ class Scheduler:
         self._reported: dict[str, str] = {}  # key → last problem reported as an Event
         self._unwritable: set[str] = set()  # namespaces whose pods it may not write (logged once)
         self._pods.subscribe(self._on_pod)
-        slurm.on_change(self._on_job_change)
         self._tasks: set[asyncio.Task[None]] = set()
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.slurm_requests.set_function(lambda: slurm.requests)
@@ -229,11 +228,13 @@ class Scheduler:
             self._requeue_all()
 
     async def run(self) -> None:
-        """The loop; the Slurm port's own run (its events) goes beside it."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._pods.run())
             group.create_task(self._slurmd.run())
             await asyncio.gather(self._pods.synced.wait(), self._slurmd.synced.wait())
+            # Changes followed from before the full read below (the task starts
+            # at the read's first wait), so none falls between the two.
+            group.create_task(self._slurm.follow(self._on_job_change))
             # A full read that began after this process started, indexed before
             # any reconcile: a job a predecessor submitted just before it died is
             # found, never submitted again.
@@ -296,12 +297,8 @@ class Scheduler:
     async def reconcile(self, key: str) -> Result | None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            with self.metrics.reconcile_seconds.time():
-                try:
-                    return await self._reconcile(key)
-                except Exception:
-                    self.metrics.errors.inc()
-                    raise
+            with self.metrics.reconciling():
+                return await self._reconcile(key)
 
     def _count_pending(self) -> int:
         return sum(1 for pod in self._pods.items() if not bound(pod) and not deleting(pod))

@@ -139,7 +139,6 @@ async def run_scheduler(config: SchedulerConfig) -> None:
             async with asyncio.TaskGroup() as group:
                 group.create_task(tenancy.run())
                 await tenancy.ready.wait()  # no pod is refused for a tenancy not yet read
-                group.create_task(port.run())
                 group.create_task(scheduler.run())
 
     await run_elected(config.scheduler_name, kube, config.slurm, config.election, lead)

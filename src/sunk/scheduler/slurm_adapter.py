@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 
 from sunk.scheduler.slurm_port import EVERYTHING, JobChange, NoTenantToken, Placed
 from sunk.slurm.auth import TenantCredentials
+from sunk.slurm.channel import SlurmChannel, tell
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.errors import SlurmApiError, SlurmNotFoundError
 from sunk.slurm.models import Job, JobSpec
@@ -17,51 +18,24 @@ from sunk.slurm.view import JobEvent, Resync, SlurmView, StateEvent
 log = logging.getLogger(__name__)
 
 
-class SlurmPortForScheduler:
+class SlurmPortForScheduler(SlurmChannel):
     def __init__(self, client: SlurmClient, view: SlurmView, tenants: TenantCredentials) -> None:
-        self._client = client
-        self._view = view
+        super().__init__(client, view)
         self._tenants = tenants
-        self._callbacks: list[Callable[[JobChange | None], None]] = []
-
-    @property
-    def fresh(self) -> bool:
-        return self._view.fresh
-
-    @property
-    def requests(self) -> int:
-        return self._client.stats.requests
 
     def jobs(self, *, allow_stale: bool = False) -> Mapping[int, Job]:
         return self._view.jobs(allow_stale=allow_stale)
 
-    def on_change(self, callback: Callable[[JobChange | None], None]) -> None:
-        self._callbacks.append(callback)
-
-    async def run(self) -> None:
-        """Forward the view's job events to the callbacks, until cancelled."""
-        subscription = self._view.subscribe(replay=False)
-        try:
+    async def follow(self, on_change: Callable[[JobChange | None], None]) -> None:
+        with contextlib.closing(self._view.subscribe(replay=False)) as subscription:
             async for event in subscription:
                 if isinstance(event, JobEvent):
-                    self._notify(JobChange(event.job_id, event.old, event.new))
+                    tell(on_change, JobChange(event.job_id, event.old, event.new))
                 elif isinstance(event, StateEvent | Resync):
-                    self._notify(EVERYTHING)
-        finally:
-            subscription.close()
-
-    def _notify(self, change: JobChange | None) -> None:
-        for callback in self._callbacks:
-            try:
-                callback(change)
-            except Exception:
-                log.exception("scheduler callback failed for %s", change)
+                    tell(on_change, EVERYTHING)
 
     async def refresh(self) -> None:
         await self._view.refresh()
-
-    def poll_now(self) -> None:
-        self._view.poll_now()
 
     async def read_job(self, job_id: int) -> Job | None:
         return await self._client.job(job_id)

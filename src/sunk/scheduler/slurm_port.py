@@ -62,9 +62,9 @@ class SchedulerSlurm(Protocol):
         while the view is stale unless `allow_stale`."""
         ...
 
-    def on_change(self, callback: Callable[[JobChange | None], None]) -> None:
-        """Call `callback` with each job change, and with EVERYTHING when the
-        view as a whole changed."""
+    async def follow(self, on_change: Callable[[JobChange | None], None]) -> None:
+        """Until cancelled, call `on_change` with each change to the cached jobs
+        from now on, and with EVERYTHING when the view as a whole changed."""
         ...
 
     async def refresh(self) -> None:
