@@ -19,8 +19,9 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import httpx2
 import pytest
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
@@ -30,6 +31,7 @@ from lightkube.resources.events_v1 import Event
 
 from sunk.api import LABEL_NODESET
 from sunk.api import nodeset as api
+from sunk_testbed.procs import free_port
 from sunk_testbed.slurm_cluster import SlurmAccess
 
 pytestmark = pytest.mark.e2e
@@ -58,10 +60,21 @@ async def operators(
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(2):
-            procs.append(start(argv, log_dir / f"operator-{i}.log"))
+            # Each its own /metrics port (two processes share one host here).
+            command = [*argv, f"--metrics-port={free_port()}"]
+            procs.append(start(command, log_dir / f"operator-{i}.log"))
         yield procs
     finally:
         await asyncio.to_thread(stop, procs)
+
+
+def metrics(proc: subprocess.Popen[bytes]) -> dict[str, float]:
+    """The operator's Prometheus samples, by name with labels as printed."""
+    args = cast(list[str], proc.args)
+    (port,) = (a.removeprefix("--metrics-port=") for a in args if "--metrics-port=" in a)
+    text = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {name: float(value) for name, value in samples}
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -148,6 +161,14 @@ async def test_two_operators_one_leader_and_the_other_takes_over(
             assert seen.get(leader_id, 0) >= 2, seen  # CreatedPod, one per node
             assert follower_id not in seen, seen
             assert await holder(kube, namespace) == leader_id
+            # Both serve /metrics; only the leader reconciles (a standby polls nothing).
+            (follower,) = (p for p in procs if p is not leader)
+            led = await asyncio.to_thread(metrics, leader)
+            assert led['sunk_operator_actions_total{kind="pod_create"}'] == 2
+            assert led["sunk_operator_slurm_view_fresh"] == 1
+            waited = await asyncio.to_thread(metrics, follower)
+            assert waited["sunk_operator_reconcile_seconds_count"] == 0
+            assert waited["sunk_operator_slurm_requests"] == 0
 
             leader.send_signal(signal.SIGKILL)
             await asyncio.to_thread(leader.wait, 10)
