@@ -775,3 +775,23 @@ async def test_one_request_drains_and_resumes_several_nodes(slurm: SlurmClient, 
             return all(node is not None and not node.draining for node in nodes)
 
         await eventually(f"{', '.join(names)} undrained", all_undrained)
+
+
+async def test_a_bulk_resume_refused_for_one_node_resumes_the_others(
+    slurm: SlurmClient, bed: Bed
+) -> None:
+    """The syncer's batch of resumes may hold a node resumed meanwhile (a repeat
+    after a stale read): Slurm refuses that one but goes on through the hostlist,
+    so the others are resumed by the same request (what `BatchWriter` relies on)."""
+    names = bed.access.nodes[-2:]
+    drained, undrained = names
+    async with contextlib.AsyncExitStack() as stack:
+        for name in names:
+            await stack.enter_async_context(restored(slurm, name))
+        await slurm.drain(drained, f"sunk port partial {uuid.uuid4().hex[:6]}")
+        with pytest.raises(SlurmApiError) as refused:
+            await slurm.update_nodes([undrained, drained], NodeUpdate(state="RESUME"))
+        assert refused.value.errno in (2028, 2180), refused.value
+        node = await slurm.node(drained)
+        assert node is not None
+        assert not node.draining

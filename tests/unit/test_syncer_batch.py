@@ -126,14 +126,16 @@ async def test_a_refused_bulk_write_is_retried_per_node_and_fails_only_the_bad_o
     assert slurm.tokens == 4  # one for the bulk request, one per node after it
 
 
-async def test_a_resume_refused_per_node_as_not_drained_was_done_by_the_bulk_request() -> None:
-    """Slurm resumes all the nodes it can of a hostlist and then says no: the
-    repeat for those it resumed meets "Invalid node state", which is success."""
+@pytest.mark.parametrize("errno", [2028, 2180])
+async def test_a_resume_refused_as_not_drained_is_done_for_the_whole_request(errno: int) -> None:
+    """Slurm resumes all the nodes it can of a hostlist and then says no for the
+    one already resumed (a repeat): done, with no request per node after it."""
     slurm = FakeSlurm()
-    slurm.refuse = {n: refusal(2028, "Invalid node state specified") for n in ("n1", "n2")}
+    slurm.refuse = {"n2": refusal(errno, "Invalid node state")}
     batch = writer(slurm)
     await asyncio.gather(batch.resume("n1"), batch.resume("n2"), batch.resume("n3"))
-    assert len(slurm.writes) == 4
+    assert slurm.writes == [(["n1", "n2", "n3"], NodeUpdate(state="RESUME"))]
+    assert slurm.tokens == 1
 
 
 async def test_failures_of_every_node_alike_are_not_retried_per_node() -> None:

@@ -12,8 +12,11 @@ a request). A single change waits only WINDOW. Each caller's await returns
 when its node is written, or raises the error for its node: when Slurm
 refuses a request for several nodes, they are written again one by one, so
 one bad node does not fail the others (a drain or comment written twice is
-the same; a resume repeated is refused, and counts as done). The rate limit
-is taken per request.
+the same). A resume refused because a node is not drained (any more: a
+repeat after a stale read) is done for every node of the request: slurmctld
+goes on through the hostlist past that node (a contract test shows it), so
+the others are resumed by the same request. The rate limit is taken per
+request.
 """
 
 from __future__ import annotations
@@ -40,9 +43,8 @@ WINDOW = 0.005
 # 8 KiB request line HTTP servers and proxies commonly accept.
 MAX_BATCH = 64
 # Slurm's "no" to resuming a node neither drained nor down: 2028 on 24.11,
-# 2180 ("Invalid node state transition") on 26.05. Slurm goes on through a
-# hostlist past a refused node, so after a refused resume of many nodes this
-# is what the repeat for each one it did resume meets: done, not a failure.
+# 2180 ("Invalid node state transition") on 26.05: that node is resumed
+# already, and Slurm went on through the rest of the hostlist.
 _NOT_RESUMABLE = frozenset([ESLURM_INVALID_NODE_STATE, 2180])
 
 _Waiters = dict[str, list[asyncio.Future[None]]]  # node name → its callers
@@ -151,6 +153,9 @@ class BatchWriter:
         try:
             await self._write(names, update)
         except SlurmApiError as error:
+            if update.state == "RESUME" and error.errno in _NOT_RESUMABLE:
+                _settle(everyone, None)
+                return
             if len(names) == 1 or not _per_node(error):
                 _settle(everyone, error)
                 return
