@@ -70,16 +70,26 @@ def metric(port: int, name: str) -> float:
     raise KeyError(name)
 
 
-def slurm_writes(port: int) -> tuple[float, float]:
-    """The syncer's Slurm write requests so far, and the node writes they carried."""
-    requests = metric(port, "sunk_syncer_slurm_write_nodes_count")
-    return requests, metric(port, "sunk_syncer_slurm_write_nodes_sum")
+def slurm_writes(port: int) -> tuple[float, ...]:
+    """The syncer's Slurm write requests so far, the node writes they carried, and
+    the seconds its writes have waited for the Kubernetes and the Slurm write limits."""
+    return (
+        metric(port, "sunk_syncer_slurm_write_nodes_count"),
+        metric(port, "sunk_syncer_slurm_write_nodes_sum"),
+        metric(port, 'sunk_syncer_write_wait_seconds{api="kube"}'),
+        metric(port, 'sunk_syncer_write_wait_seconds{api="slurm"}'),
+    )
 
 
-def writes_since(port: int, before: tuple[float, float]) -> str:
+def writes_since(port: int, before: tuple[float, ...]) -> str:
     """What the syncer sent to Slurm since `before` (a `slurm_writes` reading)."""
-    requests, nodes = slurm_writes(port)
-    return f"{nodes - before[1]:.0f} node writes in {requests - before[0]:.0f} Slurm requests"
+    requests, nodes, kube_wait, slurm_wait = (
+        now - then for now, then in zip(slurm_writes(port), before, strict=True)
+    )
+    return (
+        f"{nodes:.0f} node writes in {requests:.0f} Slurm requests; writes waited "
+        f"{kube_wait:.1f} s for the Kubernetes limit, {slurm_wait:.1f} s for Slurm's, summed"
+    )
 
 
 def spawn_syncer(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -235,6 +245,7 @@ async def bench(args: argparse.Namespace) -> None:
                     NAMESPACE,
                     "--metrics-port",
                     str(metrics_port),
+                    *args.syncer_arg,
                 ]
                 syncer = spawn_syncer(argv, state / "syncer.log")
                 watch = NodeWatch(kube)
@@ -393,6 +404,12 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=300.0, help="max wait for a calm bed, s")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs)")
     parser.add_argument("--slurm", default=DEFAULT_SLURM, choices=sorted(ROOTFS_SUITES))
+    parser.add_argument(
+        "--syncer-arg",
+        action="append",
+        default=[],
+        help="an option for `sunk syncer`, e.g. --syncer-arg=--kube-writes=0 (repeatable)",
+    )
     asyncio.run(bench(parser.parse_args()))
 
 
