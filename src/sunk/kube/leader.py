@@ -20,7 +20,7 @@ import datetime
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import httpx2
@@ -158,19 +158,8 @@ class LeaderElector:
             renewTime=now,
             leaseTransitions=(spec.leaseTransitions or 0) + (1 if taking_over else 0),
         )
-        try:
-            # replace() sends the resourceVersion we read: a compare-and-swap.
-            updated = await self._client.replace(lease)
-        except ApiError as error:
-            if error.status.code == 409:
-                return False
-            raise
-        assert updated.metadata is not None
-        self._observed_rv, self._observed_at = (
-            updated.metadata.resourceVersion or "",
-            time.monotonic(),
-        )
-        return True
+        # replace() sends the resourceVersion we read: a compare-and-swap.
+        return await self._written(self._client.replace(lease))
 
     async def _create(self, now: datetime.datetime) -> bool:
         lease = Lease(
@@ -183,15 +172,19 @@ class LeaderElector:
                 leaseTransitions=0,
             ),
         )
+        return await self._written(self._client.create(lease))
+
+    async def _written(self, write: Awaitable[Lease]) -> bool:
+        """Whether the write won (a 409: another replica wrote first); a win is observed."""
         try:
-            created = await self._client.create(lease)
+            written = await write
         except ApiError as error:
             if error.status.code == 409:
                 return False
             raise
-        assert created.metadata is not None
+        assert written.metadata is not None
         self._observed_rv, self._observed_at = (
-            created.metadata.resourceVersion or "",
+            written.metadata.resourceVersion or "",
             time.monotonic(),
         )
         return True
