@@ -16,8 +16,9 @@ from lightkube.resources.events_v1 import Event
 from sunk.slurm.errors import SlurmApiError, SlurmProblem, SlurmUnavailableError
 from sunk.slurm.models import Node as SlurmNode
 from sunk.syncer import slurm_adapter
-from sunk.syncer.controller import Syncer, state_event
+from sunk.syncer.controller import Syncer
 from sunk.syncer.decide import Condition, Decision, Drain, Resume, SetComment, SlurmState
+from sunk.syncer.kube_state import state_event
 from sunk.syncer.ratelimit import TokenBucket
 from sunk.syncer.slurm_adapter import SlurmPortForSyncer
 
@@ -221,6 +222,8 @@ async def test_slurm_writes_are_guarded_by_a_read_right_before(
     node = Node(metadata=ObjectMeta(name="n1", uid="u1"))
     await syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[action]))
     assert slurm.writes == writes
+    for _ in range(5):  # the Events are written off the worker
+        await asyncio.sleep(0)
     assert kube.reasons == told
     assert slurm.polls == 1  # the view is asked to show the outcome either way
     for kind in ("drain", "resume", "comment"):

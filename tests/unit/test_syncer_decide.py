@@ -11,7 +11,6 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from sunk.api import TAINT_NODE_LOCK
-from sunk.syncer.controller import pod_state
 from sunk.syncer.decide import (
     ANNOTATION_SLURM_REASON,
     ANNOTATION_SLURM_STATE,
@@ -31,6 +30,7 @@ from sunk.syncer.decide import (
     pod_comment,
     stale,
 )
+from sunk.syncer.kube_state import pod_state
 
 ADMIN = "bad DIMM, ticket 42"
 

@@ -109,6 +109,22 @@ class EventRecorder:
         self._series = _Lru(cache_size)
         self._buckets = _Lru(cache_size)
         self.stats = RecorderStats()
+        self._writing: set[asyncio.Task[None]] = set()  # emit_soon's, held till done
+
+    def emit_soon(
+        self,
+        regarding: Any,
+        reason: str,
+        note: str,
+        *,
+        action: str,
+        type_: Literal["Normal", "Warning"] = "Normal",
+    ) -> None:
+        """`emit` without waiting for it: a reconcile's next write need not wait
+        for the Event of its last one."""
+        task = asyncio.create_task(self.emit(regarding, reason, note, action=action, type_=type_))
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
 
     async def emit(
         self,

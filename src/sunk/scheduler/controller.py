@@ -44,7 +44,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, operators
@@ -177,7 +177,6 @@ class Scheduler:
         self._reported: dict[str, str] = {}  # key → last problem reported as an Event
         self._unwritable: set[str] = set()  # namespaces whose pods it may not write (logged once)
         self._pods.subscribe(self._on_pod)
-        self._tasks: set[asyncio.Task[None]] = set()
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.slurm_requests.set_function(lambda: slurm.requests)
         self.metrics.view_fresh.set_function(lambda: 1 if slurm.fresh else 0)
@@ -337,12 +336,6 @@ class Scheduler:
 
     # -- actions -----------------------------------------------------------------------
 
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run `work` (which never raises: Event writes) without waiting for it."""
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _submit(self, key: str, pods: Sequence[Pod], gang: Gang | None) -> Result | None:
         if not self.ready.is_set():
             return None  # every key is looked at again once it is
@@ -475,14 +468,8 @@ class Scheduler:
         if (seen := self._first_seen.pop(_pod_uid(pod), None)) is not None:
             self.metrics.bind_seconds.observe(time.monotonic() - seen)
         log.info("bound %s/%s to %s (job %s)", pod.metadata.namespace, _pod_name(pod), node, job_id)
-        # Off the worker: the next pod's bind need not wait for this Event.
-        self._background(
-            self._events.emit(
-                pod,
-                "Scheduled",
-                f"Slurm job {job_id} allocated {node}; bound",
-                action="Binding",
-            )
+        self._events.emit_soon(
+            pod, "Scheduled", f"Slurm job {job_id} allocated {node}; bound", action="Binding"
         )
 
     async def _cancel(self, key: str, job_id: int | None, job: Job | None, why: str) -> None:

@@ -4,7 +4,10 @@ Events from three places wake a node's key: the node itself (cordon,
 conditions, taints), its slurmd pod (ready, terminating), and Slurm (the
 view's change events for the Slurm node of the same name as the pod). Each
 reconcile reads all three as they are now and applies what `decide` says,
-writing only what differs, so repeated or missed events do no harm.
+writing only what differs, so repeated or missed events do no harm: first
+to Slurm, then (a second queue, with workers of its own) to the node and
+its pod, so that a hundred nodes' Slurm writes need not wait behind the
+apiserver writes of the nodes before them.
 
 Slurm is reached through a narrow port (`slurm_port.py`). Writes to Slurm
 go out at once (a cordon reaches Slurm in one REST call), within the write
@@ -23,7 +26,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from lightkube import ApiError, AsyncClient, operators
@@ -33,7 +36,6 @@ from lightkube.types import PatchType
 
 from sunk.api import LABEL_NODESET, TAINT_NODE_LOCK
 from sunk.api.nodeset import owning_nodeset
-from sunk.kube.client import pod_ready
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.workqueue import Result, Stale, WorkQueue, run_workers
@@ -42,13 +44,12 @@ from sunk.syncer.decide import (
     Condition,
     Decision,
     Drain,
-    KubeNodeState,
     Resume,
     SetComment,
-    SlurmdPodState,
     decide,
     stale,
 )
+from sunk.syncer.kube_state import kube_node_state, pod_state, state_event
 from sunk.syncer.metrics import SyncerMetrics
 from sunk.syncer.ratelimit import TokenBucket, WriteLimits
 from sunk.syncer.slurm_port import ALL_NODES, SyncerSlurm
@@ -61,76 +62,9 @@ CONTROLLER = "sunk-syncer"
 STALE_RECHECK = 2.0
 # Stale for less than this, the syncer holds still without saying so.
 STALE_GRACE = 3.0
-
-# Slurm states that show on Kubernetes as Events when they begin and end:
-# condition type → (Event reason when True, Event reason when False).
-STATE_EVENTS = {
-    "SlurmDown": ("SlurmDown", "SlurmUp"),
-    "SlurmNotResponding": ("SlurmNotResponding", "SlurmResponding"),
-}
-
-
-def kube_node_state(node: Node, watched_conditions: Sequence[str]) -> KubeNodeState:
-    meta, spec, status = node.metadata, node.spec, node.status
-    conditions = (status.conditions if status else None) or []
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-    bad = {
-        c.type: c.message or ""
-        for c in conditions
-        if c.type in watched_conditions and c.status == "True"
-    }
-    return KubeNodeState(
-        name=(meta.name if meta else None) or "",
-        cordoned=bool(spec and spec.unschedulable),
-        ready=ready,
-        annotations=(meta.annotations if meta else None) or {},
-        bad_conditions=bad,
-        labels=(meta.labels if meta else None) or {},
-        taints=[(t.key, t.effect) for t in ((spec.taints if spec else None) or [])],
-    )
-
-
-def pod_state(pod: Pod, now: datetime.datetime | None = None) -> SlurmdPodState:
-    ready = pod_ready(pod)
-    not_ready_for = 0.0 if ready else float("inf")
-    if not ready:
-        conditions = (pod.status.conditions if pod.status else None) or []
-        since = next((c.lastTransitionTime for c in conditions if c.type == "Ready"), None)
-        if since is not None:
-            now = now or datetime.datetime.now(datetime.UTC)
-            not_ready_for = max(0.0, (now - since).total_seconds())
-    return SlurmdPodState(
-        name=(pod.metadata.name if pod.metadata else None) or "",
-        ready=ready,
-        terminating=bool(pod.metadata and pod.metadata.deletionTimestamp),
-        namespace=(pod.metadata.namespace if pod.metadata else None) or "",
-        node=(pod.spec.nodeName if pod.spec else None) or "",
-        not_ready_for=not_ready_for,
-    )
-
-
-def state_event(
-    have: NodeCondition | PodCondition | None, wanted: Condition
-) -> tuple[str, Literal["Normal", "Warning"]] | None:
-    """The Event (reason, type) a condition's change deserves, if any.
-
-    Slurm drains that began in Slurm, DOWN and NOT_RESPONDING are told when
-    they begin and end; sunk's own drains are told by their action's Event.
-    """
-    was_true = have is not None and have.status == "True"
-    now_true = wanted.status == "True"
-    if was_true == now_true:
-        return None
-    if wanted.type == "SlurmDrain":
-        if now_true and wanted.reason == "SlurmDrain":
-            return "SlurmDrained", "Warning"
-        if not now_true and have is not None and have.reason == "SlurmDrain":
-            return "SlurmDrainCleared", "Normal"
-        return None
-    if wanted.type in STATE_EVENTS:
-        on, off = STATE_EVENTS[wanted.type]
-        return (on, "Warning") if now_true else (off, "Normal")
-    return None
+# The Slurm nodes by state (a gauge) are counted this often, not per reconcile:
+# a count reads every node, and Prometheus scrapes every 15-60 s.
+COUNT_INTERVAL = 5.0
 
 
 class Syncer:
@@ -163,6 +97,7 @@ class Syncer:
         self.metrics.write_wait.labels(api="slurm").set_function(lambda: slurm.write_wait)
         self.metrics.write_wait.labels(api="kube").set_function(lambda: self.kube_writes.waited)
         self.metrics.slurm_requests.set_function(lambda: slurm.requests)
+        self.metrics.view_fresh.set_function(lambda: 1 if slurm.fresh else 0)
         slurm.on_write(self.metrics.slurm_write_nodes.observe)
         # Events about the syncer as a whole (Slurm unreachable, back) go on its Lease.
         self._lease = {
@@ -182,25 +117,38 @@ class Syncer:
             labels={LABEL_NODESET: operators.exists()},
         )
         self.queue: WorkQueue[str] = WorkQueue()
+        # Writes to Kubernetes have workers of their own: a mass change's Slurm
+        # writes (a rack uncordoned: a hundred resumes) need not wait behind the
+        # apiserver writes of the nodes reconciled before (four or five each).
+        self.mirrors: WorkQueue[str] = WorkQueue()
+        # The pods' informer keys by pod name (a Slurm node's name) and by node:
+        # a reconcile looks its pod up, not through every pod (a rack's worth of
+        # reconciles at once would each scan them all).
+        self._by_name: dict[str, set[str]] = {}
+        self._by_node: dict[str, set[str]] = {}
         self._nodes.subscribe(lambda e: self.queue.add(e.key))
         self._pods.subscribe(self._on_pod)
 
     def _on_pod(self, event: Event[Pod]) -> None:
-        for pod in (event.old, event.new):
-            if pod is not None and pod.spec and pod.spec.nodeName:
+        for pod, index in ((event.old, _unindex), (event.new, _index)):
+            if pod is None or pod.metadata is None:
+                continue
+            index(self._by_name, pod.metadata.name or "", event.key)
+            if pod.spec and pod.spec.nodeName:
+                index(self._by_node, pod.spec.nodeName, event.key)
                 self.queue.add(pod.spec.nodeName)
 
-    def _slurmd_pods(self) -> list[Pod]:
-        """The NodeSets' pods: a label alone (anyone's to write) makes no pod a slurmd's."""
-        return [p for p in self._pods.items() if owning_nodeset(p) is not None]
+    def _slurmd_pods(self, keys: Iterable[str] | None = None) -> list[Pod]:
+        """The NodeSets' pods (of `keys`, or all): a label alone (anyone's to write)
+        makes no pod a slurmd's."""
+        pods = self._pods.items() if keys is None else map(self._pods.get, keys)
+        return [p for p in pods if p is not None and owning_nodeset(p) is not None]
 
     def _pod_named(self, name: str) -> Pod | None:
-        return next(
-            (p for p in self._slurmd_pods() if p.metadata and p.metadata.name == name), None
-        )
+        return next(iter(self._slurmd_pods(self._by_name.get(name, ()))), None)
 
     def _slurmd_pod_on(self, node: str) -> Pod | None:
-        pods = [p for p in self._slurmd_pods() if p.spec and p.spec.nodeName == node]
+        pods = self._slurmd_pods(self._by_node.get(node, ()))
         pods.sort(key=lambda p: bool(p.metadata and p.metadata.deletionTimestamp))
         return pods[0] if pods else None
 
@@ -260,16 +208,23 @@ class Syncer:
             await asyncio.gather(self._nodes.synced.wait(), self._pods.synced.wait())
             group.create_task(self._slurm.follow(self._on_slurm_node, self._on_slurm_state))
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
+            group.create_task(run_workers(self.mirrors, self.mirror, self._workers))
+            group.create_task(self._count_slurm_nodes_every(COUNT_INTERVAL))
 
     async def reconcile(self, name: str) -> Result | None:
-        try:
-            with self.metrics.reconciling():
-                return await self._reconcile(name)
-        finally:
+        with self.metrics.reconciling():
+            return await self._reconcile(name)
+
+    async def mirror(self, name: str) -> Result | None:
+        with self.metrics.reconciling():
+            return await self._mirror(name)
+
+    async def _count_slurm_nodes_every(self, seconds: float) -> None:
+        while True:
             self._count_slurm_nodes()
+            await asyncio.sleep(seconds)
 
     def _count_slurm_nodes(self) -> None:
-        self.metrics.view_fresh.set(1 if self._slurm.fresh else 0)
         if not self._slurm.fresh:
             return
         counts: dict[tuple[str, str], int] = {}
@@ -303,19 +258,33 @@ class Syncer:
             await self._mirror_on_pod(pod, decision)
             return Result(requeue_after=STALE_RECHECK)
         await self._note_fresh()
+        decision = self._decide(node, pod)
+        await self._apply_slurm(node, pod_state(pod).name, decision)
+        self.mirrors.add(name)
+        if decision.recheck_after is not None:
+            return Result(requeue_after=decision.recheck_after + 0.05)
+        return None
+
+    async def _mirror(self, name: str) -> Result | None:
+        """What `decide` wants on the node and its pod, written (Slurm's side is
+        the reconcile's, which queued this)."""
+        node = self._nodes.get(name)
+        pod = self._slurmd_pod_on(name)
+        if node is None or pod is None or not self._slurm.fresh:
+            return None  # the reconcile mirrors these itself
+        decision = self._decide(node, pod)
+        await self._mirror_on_node(node, decision)
+        await self._mirror_on_pod(pod, decision)
+        return None
+
+    def _decide(self, node: Node, pod: Pod) -> Decision:
         slurmd = pod_state(pod)
-        decision = decide(
+        return decide(
             kube_node_state(node, self._watched),
             slurmd,
             self._slurm.node(slurmd.name),
             lock_effect=self._lock_effect,
         )
-        await self._apply_slurm(node, slurmd.name, decision)
-        await self._mirror_on_node(node, decision)
-        await self._mirror_on_pod(pod, decision)
-        if decision.recheck_after is not None:
-            return Result(requeue_after=decision.recheck_after + 0.05)
-        return None
 
     async def _apply_slurm(self, node: Node, slurm_name: str, decision: Decision) -> None:
         for action in decision.slurm:
@@ -332,7 +301,7 @@ class Syncer:
                 await self._slurm.drain(slurm_name, action.reason)
                 self.metrics.actions.labels(kind="drain").inc()
                 if action.put_back:
-                    await self._events.emit(
+                    self._events.emit_soon(
                         node,
                         "SlurmDrainRestored",
                         f"Slurm node {slurm_name}: the drain was removed in Slurm while its "
@@ -341,7 +310,7 @@ class Syncer:
                         type_="Warning",
                     )
                 else:
-                    await self._events.emit(
+                    self._events.emit_soon(
                         node,
                         "SlurmDrain",
                         f"drained Slurm node {slurm_name}: {action.reason}",
@@ -354,7 +323,7 @@ class Syncer:
                     log.info("resume %s (was: %s)", slurm_name, action.reason)
                     await self._slurm.resume(slurm_name)
                     self.metrics.actions.labels(kind="resume").inc()
-                    await self._events.emit(
+                    self._events.emit_soon(
                         node,
                         "SlurmResume",
                         f"resumed Slurm node {slurm_name}: its cause is gone "
@@ -426,10 +395,10 @@ class Syncer:
         if present:
             note = f"a Slurm job runs on this node: taint {TAINT_NODE_LOCK}:{effect} keeps "
             note += "other pods off"
-            await self._events.emit(node, "SlurmNodeLocked", note, action="Taint")
+            self._events.emit_soon(node, "SlurmNodeLocked", note, action="Taint")
         else:
             note = f"no Slurm job runs on this node any more: taint {TAINT_NODE_LOCK} removed"
-            await self._events.emit(node, "SlurmNodeUnlocked", note, action="Untaint")
+            self._events.emit_soon(node, "SlurmNodeUnlocked", note, action="Untaint")
 
     async def _patch(self, obj: Node | Pod, body: dict[str, Any], *, status: bool) -> None:
         """Merge `body` into a node or pod (its status with `status`), within the write limit.
@@ -486,10 +455,22 @@ class Syncer:
         for reason, type_, condition in told:
             note = f"Slurm: {condition.type}={condition.status}"
             note += f" ({condition.message})" if condition.message else ""
-            await self._events.emit(
+            self._events.emit_soon(
                 obj,
                 reason,
                 note,
                 action="Mirror",
                 type_="Warning" if type_ == "Warning" else "Normal",
             )
+
+
+def _index(index: dict[str, set[str]], value: str, key: str) -> None:
+    index.setdefault(value, set()).add(key)
+
+
+def _unindex(index: dict[str, set[str]], value: str, key: str) -> None:
+    keys = index.get(value)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del index[value]
