@@ -21,7 +21,13 @@ import pytest
 
 from sunk_testbed.procs import Supervisor
 
-pytest_plugins = ["plugins.kube", "plugins.slurm", "plugins.nodes", "plugins.loopwatch"]
+pytest_plugins = [
+    "plugins.kube",
+    "plugins.slurm",
+    "plugins.nodes",
+    "plugins.loopwatch",
+    "plugins.local_cluster",
+]
 
 BED_MARKS = ("contract", "e2e")
 

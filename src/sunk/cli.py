@@ -92,20 +92,32 @@ def operator(
     ] = None,
     lease_namespace: LeaseNamespaceOption = "default",
     metrics_port: MetricsPortOption = 9090,
+    topology_configmap: Annotated[
+        str | None,
+        typer.Option(
+            help="[NAMESPACE/]NAME of the slurm chart's topology ConfigMap, which the "
+            "topology controller keeps (default namespace: --namespace, else the lease's)."
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
-    """Run the NodeSet controller (leader-elected)."""
+    """Run the NodeSet controller and the topology controller (leader-elected)."""
 
     from sunk.component import Election, SlurmAccess
     from sunk.nodeset.run import OperatorConfig, run_operator
 
     _component_logging(verbose)
+    topology = None
+    if topology_configmap:
+        where, _, name = topology_configmap.rpartition("/")
+        topology = (where or namespace or lease_namespace, name)
     config = OperatorConfig(
         slurm=SlurmAccess(slurmrestd, jwt_key, jwt_token, slurm_user),
         election=Election("sunk-operator", lease_namespace),
         kubeconfig=kubeconfig,
         namespace=namespace,
         metrics_port=metrics_port or None,
+        topology_configmap=topology,
     )
     run_until_terminated(run_operator(config))
 

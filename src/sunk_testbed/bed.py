@@ -110,9 +110,16 @@ class Bed:
         log(f"kubernetes control plane ready in {time.monotonic() - t1:.1f}s: {kube.server}")
         self.files.mkdir(parents=True, exist_ok=True)
         t2 = time.monotonic()
+        # Zones for the topology: the first two nodes in zone-a, the rest in zone-b.
         specs = [
-            NodeSpec(name, labels={charts.NODE_POOL_LABEL: charts.COMPUTE_POOL})
-            for name in self.node_names()
+            NodeSpec(
+                name,
+                labels={
+                    charts.NODE_POOL_LABEL: charts.COMPUTE_POOL,
+                    charts.ZONE_LABEL: "zone-a" if i < 2 else "zone-b",
+                },
+            )
+            for i, name in enumerate(self.node_names())
         ]
         node_bed = self.node_bed(log)
         images = prepared.images
@@ -182,6 +189,8 @@ class Bed:
             home=self.files / "home",
             images=prepared.images,
             slurm_config={"KillWait": KILL_WAIT},
+            registry=node_bed.registry.address,
+            topology_levels=[charts.ZONE_LABEL],
         )
         await charts.install(
             helm,

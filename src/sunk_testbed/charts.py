@@ -27,12 +27,14 @@ from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
 from sunk_testbed.helm import Helm, HelmError
-from sunk_testbed.images import DEFAULT_SLURM, Image, ImageSet
+from sunk_testbed.images import DEFAULT_SLURM, REGISTRY_HOST, Image, ImageSet
 from sunk_testbed.slurm_cluster import SANDBOX_SETTINGS
 
 STORAGE_CLASS = "sunk-local"
 NODE_POOL_LABEL = "sunk.dev/pool"
 COMPUTE_POOL = "compute"
+# `sunk local up`'s topology/tree: one level, the nodes' zones.
+ZONE_LABEL = "topology.kubernetes.io/zone"
 RESTAPI_PORT = 6820
 
 
@@ -52,11 +54,16 @@ def slurm_values(
     backup: bool = False,
     slurm_config: Mapping[str, str | int] | None = None,
     slurm_release: str = DEFAULT_SLURM,
+    registry: str = "",
+    topology_levels: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Values of the slurm chart for the bed: one NodeSet on the nodes labelled
     `sunk.dev/pool=compute`, homes from the host's `home`, every pod from the
     bed's images of `slurm_release`. Slurm keeps the chart's production settings (cgroup process
-    tracking and task containment, `PrologFlags=Alloc,Contain`)."""
+    tracking and task containment, `PrologFlags=Alloc,Contain`). `registry`, the
+    bed registry's HOST:PORT: container jobs pull `registry.sunk.test/...` from it,
+    as the nodes' containerd does. `topology_levels`: a topology/tree from these
+    node labels, which sunk's operator keeps (none: no topology plugin)."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
     # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
     # node. The bed has no mailer.
@@ -94,6 +101,8 @@ def slurm_values(
             }
         ],
         "partitions": [{"name": "debug", "nodesets": [nodeset], "default": True}],
+        # slurmctld's OpenMetrics endpoints came with 25.11; 24.11 refuses MetricsType.
+        "metrics": {"enabled": slurm_release >= "25.11"},
         "accounting": {"mariadb": {"persistence": {"storageClassName": STORAGE_CLASS}}},
         "login": {
             "authorizedKeys": {user.name: user.public_key for user in users},
@@ -105,7 +114,18 @@ def slurm_values(
             "users": [{"name": u.name, "uid": u.uid, "gid": u.uid} for u in users],
             "groups": [{"name": u.name, "gid": u.uid, "members": [u.name]} for u in users],
         },
+        "containers": {"registriesConf": _registries_conf(registry) if registry else ""},
+        "topology": {
+            "plugin": "tree" if topology_levels else "none",
+            "file": "topology.yaml" if slurm_release >= "25.05" else "topology.conf",
+            "tree": {"levels": list(topology_levels)},
+        },
     }
+
+
+def _registries_conf(address: str) -> str:
+    """containers-registries.conf(5): the bed's registry name at its plain-HTTP address."""
+    return f'[[registry]]\nprefix = "{REGISTRY_HOST}"\nlocation = "{address}"\ninsecure = true\n'
 
 
 def _repository(image: Image) -> str:
@@ -130,6 +150,7 @@ def cluster_values(
             "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
             "jwtSecret": f"{release}-jwt",
             "namespace": namespace,
+            "topologyConfigMap": f"{release}-topology",
         },
         "tokens": {"replicas": 1},
         "operator": {"replicas": replicas},

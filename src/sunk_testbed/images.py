@@ -116,6 +116,10 @@ class ImageSet:
     pause: Image
     slurm_24_11: Image
     login_24_11: Image
+    # Debian's Prometheus, which the monitoring tests run in the cluster.
+    prometheus: Image
+    # BusyBox with a marker os-release: what the container-job tests run in.
+    container_test: Image
     coredns: Image | None = None
 
     def slurm_pair(self, release: str = DEFAULT_SLURM) -> tuple[Image, Image]:
@@ -183,7 +187,8 @@ def _tree_files(path: Path) -> list[Path]:
 
 
 def _specs(coredns: Path | None) -> list[_Spec]:
-    slurm_inputs = (Path("testbed/slurm/install-slurm.sh"),)
+    # images/slurm/containers: the container-jobs SPANK plugin both images load.
+    slurm_inputs = (Path("testbed/slurm/install-slurm.sh"), Path("images/slurm/containers"))
     specs = []
     for release, suite in SLURM_SUITES.items():
         for kind, repository in (("slurm", "sunk/slurm"), ("login", "sunk/slurm-login")):
@@ -204,6 +209,20 @@ def _specs(coredns: Path | None) -> list[_Spec]:
             "dockerfile",
             (Path("pyproject.toml"), Path("README.md"), Path("src/sunk")),
             Path("images/sunk/Dockerfile"),
+        ),
+        _Spec(
+            "prometheus",
+            "sunk/prometheus",
+            "dockerfile",
+            (),
+            Path("images/prometheus/Dockerfile"),
+        ),
+        _Spec(
+            "container_test",
+            "sunk/container-test",
+            "dockerfile",
+            (Path("testbed/images/container-test"),),
+            Path("testbed/images/container-test/Dockerfile"),
         ),
         # Kubernetes' own pause image runs as this user too.
         _Spec(

@@ -60,6 +60,11 @@ RUNC = "/usr/sbin/runc"
 CNI_BIN_DIR = "/usr/lib/cni"
 
 
+# kubelet's device plugin registration socket: a constant in kubelet, shared
+# by every kubelet of the room (one mount namespace).
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+
+
 def node_binaries_dir() -> Path:
     name = (
         f"{KUBERNETES_VERSION}-containerd-{CONTAINERD_VERSION}-coredns-{COREDNS_VERSION}"
@@ -223,8 +228,23 @@ class KubeletNodes:
         if spec.taints:
             argv.append("--register-with-taints=" + ",".join(spec.taints))
         env = node_environment(bin_dir)
+        spawned = time.time()
         self.supervisor.spawn(daemon, self.room.enter(argv), env=env)
+        self._await_device_plugin_socket(daemon, spawned)
         return True
+
+    def _await_device_plugin_socket(self, daemon: str, spawned: float) -> None:
+        """Every kubelet binds the same fixed path (kubelet's DevicePluginPath is
+        not under --root-dir), after removing what is there: two starting at
+        once can both remove, one then binds and the other dies of EADDRINUSE
+        ("Failed to start ContainerManager"). So each starts once the one
+        before has bound."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and self.supervisor.running(daemon):
+            with contextlib.suppress(FileNotFoundError):
+                if DEVICE_PLUGIN_SOCKET.stat().st_ctime >= spawned:
+                    return
+            time.sleep(0.1)
 
     def pull(
         self, names: Sequence[str], refs: Sequence[str], bin_dir: Path

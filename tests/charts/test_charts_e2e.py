@@ -314,7 +314,8 @@ async def test_a_config_change_reaches_slurm_without_restarting_any_pod(bed: Cha
     """An upgrade, as any config change is. The keys the install made survive it
     (the keys hook runs again and keeps them)."""
     keys = await _key_secrets(bed)
-    assert sorted(keys) == [f"{RELEASE}-{n}" for n in ("db", "jwt", "munge", "ssh-host-keys")]
+    made = ("compute-ssh-host-keys", "db", "jwt", "munge", "ssh-host-keys")
+    assert sorted(keys) == [f"{RELEASE}-{n}" for n in made]
     before = await bed.restarts()
     values = dict(bed.values)
     values["slurmConfig"] = {**values["slurmConfig"], "MaxJobCount": 12345}

@@ -106,11 +106,18 @@ def test_a_render_is_the_same_every_time_and_holds_no_key(helm: Helm) -> None:
         return {e["name"]: e.get("value", "") for e in container["env"]}
 
     made = hook_env(docs, "rel-keys")["KEYS"].splitlines()
-    assert made == ["rel-munge munge", "rel-jwt jwt", "rel-db db", "rel-ssh-host-keys ssh-host"]
+    assert made == [
+        "rel-munge munge",
+        "rel-jwt jwt",
+        "rel-db db",
+        "rel-ssh-host-keys ssh-host",
+        "rel-compute-ssh-host-keys ssh-host",  # sshd of the compute pods (slurmd.ssh)
+    ]
     assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == [m.split()[0] for m in made]
     given = [
         "--set=munge.existingSecret=my-munge",
         "--set=login.existingHostKeysSecret=my-host-keys",
+        "--set=slurmd.ssh.existingHostKeysSecret=my-compute-host-keys",
     ]
     docs = [d for d in yaml.safe_load_all(helm.run(["template", "rel", chart, *given])) if d]
     made = hook_env(docs, "rel-keys")["KEYS"].splitlines()
@@ -205,6 +212,12 @@ CAN_I = [
     ("operator", "update", "leases", "home", "sunk-operator", True),
     ("operator", "update", "leases", "home", "sunk-syncer", False),
     ("operator", "get", "secrets", "home", "slurm-jwt", False),
+    # The topology controller: the slurm chart's topology ConfigMap alone.
+    ("operator", "update", "configmaps", "home", "slurm-topology", True),
+    ("operator", "watch", "configmaps", "home", "slurm-topology", True),
+    ("operator", "update", "configmaps", "home", "slurm-config", False),
+    ("operator", "list", "configmaps", "home", "", False),
+    ("operator", "update", "configmaps", "elsewhere", "slurm-topology", False),
     ("syncer", "patch", "pods", "home", "", True),
     ("syncer", "patch", "pods", "elsewhere", "", False),
     ("syncer", "create", "pods", "home", "", False),
@@ -430,12 +443,13 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
         (slurm["dbd"], slurm["mariadb"], 3306),
         *((s, slurm["restd"], 6820) for s in (slurm["uninstall"], *sunk)),
         (tenant, slurm["login"], 22),
+        (slurm["login"], slurm["slurmd"], 22),  # ssh into the nodes of one's jobs
     ]
     refused = [
         *((tenant, slurm[t], p) for t, p in (("mariadb", 3306), ("restd", 6820), ("dbd", 6819))),
         *(
             (tenant, slurm[t], p)
-            for t, p in (("ctld", 6817), ("slurmd", 6818), ("login", ephemeral))
+            for t, p in (("ctld", 6817), ("slurmd", 6818), ("slurmd", 22), ("login", ephemeral))
         ),
         (forged, slurm["restd"], 6820),
         *((slurm[s], slurm["mariadb"], 3306) for s in ("slurmd", "login", "ctld", "restd")),

@@ -16,12 +16,7 @@ import asyncio
 import contextlib
 import datetime
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,76 +27,20 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Pod
 
+from plugins.local_cluster import kubectl, poll_ssh, ssh, summary, sunk
 from plugins.slurm_pods import wait_for
 from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk_testbed.bed import USER_UID, Bed
 from sunk_testbed.control_plane import async_client
-from sunk_testbed.nodes import node_binaries_dir
 
 pytestmark = pytest.mark.e2e
 
 JOB_ID_ANNOTATION = "sunk.dev/slurm-job-id"
 
 
-def sunk(state: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sunk", "local", *args, "--state", str(state)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def ssh(state: Path, command: str, timeout: float = 120) -> str:
-    proc = sunk(state, "ssh", command, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def poll_ssh(
-    state: Path, command: str, done: Callable[[str], bool], within: float, every: float = 1
-) -> str:
-    """Run `command` on the login pod until `done(output)`; that output."""
-    deadline = time.monotonic() + within
-    while not done(out := ssh(state, command)):
-        assert time.monotonic() < deadline, f"{command!r} after {within:.0f} s: {out}"
-        time.sleep(every)
-    return out
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Path]:
-    if os.environ.get("SUNK_KUBECONFIG") or os.environ.get("SUNK_TESTBED_STATE"):
-        pytest.skip("`sunk local up` starts its own control plane")
-    state = Path(tempfile.mkdtemp(prefix="sunk-local-up-", dir="/tmp"))
-    started = time.monotonic()
-    up = sunk(state, "up", timeout=900)
-    print(f"sunk local up: {time.monotonic() - started:.1f}s\n{up.stdout}")
-    try:
-        assert up.returncode == 0, f"{up.stdout}\n{up.stderr}"
-        yield state
-    finally:
-        down = sunk(state, "down", timeout=300)
-        assert down.returncode == 0, down.stderr
-        assert Bed(state).leftovers() == []
-        subprocess.run(["rm", "-rf", str(state)], check=False)
-
-
-def summary(state: Path) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((state / "bed.json").read_text())
-    return loaded
-
-
-def kubectl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    config = summary(state)["kubernetes"]["kubeconfig"]
-    return subprocess.run(
-        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={config}", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+@pytest.fixture
+def cluster(local_cluster: Path) -> Path:
+    return local_cluster
 
 
 def test_every_pod_runs_from_its_image_on_a_real_node(cluster: Path) -> None:
@@ -387,7 +326,8 @@ def test_the_syncer_drains_under_its_own_slurm_name(cluster: Path) -> None:
 
 
 COMPONENTS = ("operator", "syncer", "scheduler")
-OUTAGE = 60.0
+# Twice the Leases' 15 s: every leader loses its Lease.
+OUTAGE = 30.0
 
 
 async def _component_pods(kube: AsyncClient) -> dict[str, tuple[str, int]]:
@@ -434,7 +374,7 @@ async def _all_back(cluster: Path) -> bool:
 async def test_an_apiserver_outage_leaves_one_leader_each_and_fresh_caches(
     cluster: Path,
 ) -> None:
-    """Two replicas of each component, then the apiserver stopped for 60 s (its
+    """Two replicas of each component, then the apiserver stopped for 30 s (its
     etcd and every pod keep running). Afterwards: one leader each, no component
     restarted, and each follows the cluster again — a cordon drains the Slurm
     node (syncer), a new pod is placed through Slurm (scheduler)."""
@@ -476,9 +416,10 @@ async def test_an_apiserver_outage_leaves_one_leader_each_and_fresh_caches(
         assert await _component_pods(kube) == pods  # same pods, no restart: no crash loop
 
         # What any cluster does after such an outage: the node controller finds
-        # every heartbeat 60 s old, marks the nodes NotReady (and their pods not
-        # ready) until the kubelets report again; the syncer drains the Slurm
-        # nodes meanwhile, and resumes them after. Wait for that to pass.
+        # every heartbeat older than its grace period (the bed's 10 s), marks the
+        # nodes NotReady (and their pods not ready) until the kubelets report
+        # again; the syncer drains the Slurm nodes meanwhile, and resumes them
+        # after. Wait for that to pass.
         try:
             await wait_for("every node Ready and idle again", lambda: _all_back(cluster), 240)
         except AssertionError as late:

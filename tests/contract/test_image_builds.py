@@ -107,7 +107,15 @@ def pulled(
 
 def test_every_image_is_served_by_its_digest(images: ImageSet, registry: str) -> None:
     names = {image.repository for image in images.all()}
-    assert names == {"sunk/slurm", "sunk/slurm-login", "sunk/sunk", "sunk/pause", "sunk/coredns"}
+    assert names == {
+        "sunk/slurm",
+        "sunk/slurm-login",
+        "sunk/sunk",
+        "sunk/pause",
+        "sunk/coredns",
+        "sunk/prometheus",
+        "sunk/container-test",
+    }
     for image in images.all():
         assert image.ref == f"{REGISTRY_HOST}/{image.repository}:{image.tag}"
         reference = f"docker://{image.ref_at(registry)}"

@@ -87,6 +87,42 @@ async def test_informer_lists_then_follows_changes(kube: AsyncClient, namespace:
     assert modified.old.data == {"a": "1"}
 
 
+async def test_an_index_follows_the_objects_and_is_current_when_handlers_hear(
+    kube: AsyncClient, namespace: str
+) -> None:
+    """Index by a data value (as the controllers index pods by node): listed,
+    changed, moved from one value to another, deleted, and already current
+    inside the handler that hears of the change."""
+    await kube.create(configmap("a", namespace, rack="r1"))
+    informer: Informer[ConfigMap] = Informer(kube, ConfigMap, namespace=namespace)
+    informer.add_index("rack", lambda cm: [(cm.data or {}).get("rack", "")])
+    seen_in_handler: list[list[str]] = []
+    informer.subscribe(
+        lambda e: (
+            seen_in_handler.append(
+                sorted(str(cm.metadata.name) for cm in informer.by_index("rack", "r2"))  # type: ignore[union-attr]
+            )
+            if e.key.endswith("/a")
+            else None
+        )
+    )
+
+    def names(rack: str) -> list[str]:
+        return sorted(str(cm.metadata.name) for cm in informer.by_index("rack", rack))  # type: ignore[union-attr]
+
+    async with running(informer):
+        assert names("r1") == ["a"]
+        await kube.create(configmap("b", namespace, rack="r1"))
+        await until(lambda: names("r1") == ["a", "b"])
+        await kube.patch(ConfigMap, "a", {"data": {"rack": "r2"}}, namespace=namespace)
+        await until(lambda: names("r2") == ["a"])
+        assert names("r1") == ["b"]
+        assert seen_in_handler[-1] == ["a"]
+        await kube.delete(ConfigMap, "a", namespace=namespace)
+        await until(lambda: names("r2") == [])
+        assert informer.by_index("rack", "") == []  # no value, not indexed
+
+
 async def test_informer_filters_by_label(kube: AsyncClient, namespace: str) -> None:
     informer: Informer[ConfigMap] = Informer(
         kube, ConfigMap, namespace=namespace, labels={"pick": "me"}

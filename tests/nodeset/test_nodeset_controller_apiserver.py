@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -41,6 +41,7 @@ class MemorySlurm:
         self.callbacks: list[Callable[[str], None]] = []
         self.log: list[tuple[str, str]] = []
         self.stale = False
+        self.reservations: dict[str, tuple[tuple[str, ...], int, int]] = {}
 
     def register(self, name: str, feature: str, busy: bool = False) -> None:
         self.nodes[name] = SlurmNodeView(name, drained=False, busy=busy)
@@ -99,6 +100,14 @@ class MemorySlurm:
     async def delete_node(self, name: str) -> None:
         self.log.append(("delete", name))
         self.nodes.pop(name, None)
+
+    async def reserve(self, name: str, nodes: Sequence[str], start: int, end: int) -> str | None:
+        self.reservations[name] = (tuple(nodes), start, end)
+        return None
+
+    async def unreserve(self, name: str) -> str | None:
+        self.reservations.pop(name, None)
+        return None
 
 
 @pytest_asyncio.fixture(scope="module")

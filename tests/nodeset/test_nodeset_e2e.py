@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import random
 import time
@@ -300,14 +301,22 @@ class DrainWatch:
             await self._task
 
 
-async def set_template(bed: Bed, marker: str, max_unavailable: int | str = 1) -> None:
+async def set_template(
+    bed: Bed,
+    marker: str,
+    max_unavailable: int | str = 1,
+    maintenance_window: dict[str, str] | None = None,
+) -> None:
+    strategy: dict[str, Any] = {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": max_unavailable},
+    }
+    if maintenance_window is not None:
+        strategy["maintenanceWindow"] = maintenance_window
     patch = {
         "spec": {
             "template": slurmpods.nodeset_template(bed.ctld_port, bed.image, marker),
-            "updateStrategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxUnavailable": max_unavailable},
-            },
+            "updateStrategy": strategy,
         }
     }
     await bed.kube.patch(NodeSet, NAME, patch, namespace=bed.namespace, patch_type=PatchType.MERGE)
@@ -491,6 +500,70 @@ async def test_killing_the_controller_during_an_update_never_kills_a_job(bed: Be
         shown = await bed.aslurm("scontrol", "show", "job", job)
         assert "JobState=COMPLETED" in shown, shown
         assert "ExitCode=0:0" in shown, shown
+    bed.operator.check()
+
+
+async def test_an_update_in_a_maintenance_window_waits_for_it_and_keeps_long_jobs_off(
+    bed: Bed,
+) -> None:
+    """Before the window the update's nodes are reserved in Slurm and nothing
+    is drained, so a job that would run across the window's start waits; at
+    the start the update rolls, each replaced node leaves the reservation
+    (the job then runs there), and the reservation goes when all are done."""
+    await wait_for("the NodeSet settled", lambda: settled(bed, 5), bed=bed)
+    old = {await revision_of(bed)}
+    opens = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
+        seconds=20
+    )
+    window = {"start": opens.strftime("%Y-%m-%dT%H:%M:%SZ"), "duration": "10m"}
+    reservation = f"sunk-update-{bed.namespace}-{NAME}"
+    await set_template(bed, "windowed", max_unavailable=5, maintenance_window=window)
+    try:
+
+        async def reserved() -> str:
+            out = await bed.aslurm("scontrol", "show", "reservation", reservation, check=False)
+            return out if "Flags=" in out else ""
+
+        shown = await wait_for("the update's reservation", reserved, timeout=15, bed=bed)
+        assert "MAINT" in shown, shown
+        assert f"Nodes={NAME}-" in shown, shown
+        # Partition MaxTime=INFINITE: a job without a time limit would run across the window.
+        job = await bed.submit(f"{NAME}-{bed.nodes[0]}", 300)
+        await asyncio.sleep(3)
+        pending = await bed.aslurm("scontrol", "show", "job", job)
+        assert "JobState=PENDING" in pending, pending
+        assert all("DRAIN" not in f["State"] for f in (await bed.slurm_nodes()).values())
+        assert not any(
+            p.metadata.labels[LABEL_TEMPLATE_HASH] not in old  # type: ignore[union-attr]
+            for p in await bed.pods()
+        ), "a pod was replaced before the window"
+        conditions = {c["type"]: c for c in (await bed.status()).get("conditions", [])}
+        assert "maintenance window" in conditions["Progressing"]["message"]
+
+        async def running() -> bool:
+            return "JobState=RUNNING" in await bed.aslurm("scontrol", "show", "job", job)
+
+        # Its node leaves the reservation once replaced, in the window.
+        await wait_for("the held job running", running, timeout=90, bed=bed)
+        assert datetime.datetime.now(datetime.UTC) >= opens
+        await bed.aslurm("scancel", job)
+        await wait_for(
+            "the update to roll through",
+            lambda: rolled(bed, old, 5),
+            timeout=120,
+            bed=bed,
+        )
+
+        async def unreserved() -> bool:
+            out = await bed.aslurm("scontrol", "show", "reservation", reservation, check=False)
+            return "Flags=" not in out
+
+        await wait_for("the reservation gone", unreserved, timeout=15, bed=bed)
+    finally:
+        patch = {"spec": {"updateStrategy": {"maintenanceWindow": None}}}
+        await bed.kube.patch(
+            NodeSet, NAME, patch, namespace=bed.namespace, patch_type=PatchType.MERGE
+        )
     bed.operator.check()
 
 

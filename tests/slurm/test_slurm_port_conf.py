@@ -5,17 +5,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sunk_testbed.gres_topology import (
-    ConfigError,
-    GpuGroup,
+from sunk.topology.build import (
     NamedTopology,
     blocks_from_labels,
-    node_gres,
-    render_gres_conf,
     render_topology_conf,
     render_topology_yaml,
     tree_from_labels,
 )
+from sunk.topology.problems import ConfigError
+from sunk_testbed.gres_topology import GpuGroup, node_gres, render_gres_conf
 
 
 def test_gres_conf_groups_identical_nodes() -> None:

@@ -1,4 +1,8 @@
-"""The Grafana dashboard in the sunk-cluster chart asks only for metrics that exist."""
+"""The Grafana dashboard in the sunk-cluster chart asks only for metrics that exist.
+
+The slurm chart's dashboard asks for slurmctld's own metrics: those are checked
+on a real Prometheus scraping a real slurmctld
+(tests/charts/test_local_up_monitoring.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 from prometheus_client.metrics import MetricWrapperBase
 
+from sunk.nodeset.metrics import NodeSetMetrics
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.syncer.metrics import SyncerMetrics
 
@@ -39,7 +44,7 @@ def expressions(node: Any) -> list[str]:
 
 
 def test_every_series_the_dashboard_asks_for_is_exported() -> None:
-    known = exposed(SyncerMetrics()) | exposed(SchedulerMetrics())
+    known = exposed(SyncerMetrics()) | exposed(SchedulerMetrics()) | exposed(NodeSetMetrics())
     exprs = expressions(json.loads(DASHBOARD.read_text()))
     assert exprs
     for expr in exprs:
@@ -50,3 +55,9 @@ def test_every_series_the_dashboard_asks_for_is_exported() -> None:
         for label in re.findall(r"by \(([^)]*)\)", expr):
             for one in (part.strip() for part in label.split(",")):
                 assert any(one in labels for labels in known.values()), f"{expr}: no label {one}"
+
+
+def test_the_dashboard_shows_every_component() -> None:
+    exprs = " ".join(expressions(json.loads(DASHBOARD.read_text())))
+    for prefix in ("sunk_operator_", "sunk_syncer_", "sunk_scheduler_"):
+        assert prefix in exprs

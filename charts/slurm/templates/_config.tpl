@@ -16,6 +16,15 @@ topology.conf: |
 job_submit.lua: |
   {{- . | nindent 2 }}
 {{- end }}
+{{- if .Values.containers.enabled }}
+{{- /* srun and sbatch read it on the login pods; configless slurmd fetch it too. */}}
+plugstack.conf: |
+  required /usr/lib/sunk/spank_containers.so cache=/var/lib/sunk-containers mount_home={{ ternary "yes" "no" .Values.containers.mountHome }}
+{{- with .Values.containers.registriesConf }}
+containers-registries.conf: |
+  {{- . | nindent 2 }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "slurm.conf" -}}
@@ -33,6 +42,9 @@ CredType=cred/munge
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key=/run/slurm-keys/jwt_hs256.key
 SlurmctldParameters=enable_configless
+{{- if .Values.metrics.enabled }}
+MetricsType=metrics/openmetrics
+{{- end }}
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurm/slurmctld.pid
@@ -44,6 +56,10 @@ AccountingStoragePort={{ .Values.accounting.port }}
 {{- end }}
 {{- with .Values.topologyConfig }}
 TopologyPlugin=topology/tree
+{{- end }}
+{{- if and (ne .Values.topology.plugin "none") (eq .Values.topology.file "topology.conf") }}
+{{- /* topology.yaml names its plugin itself (and overrides this line) */}}
+TopologyPlugin=topology/{{ .Values.topology.plugin }}
 {{- end }}
 {{- with .Values.jobSubmitLua }}
 JobSubmitPlugins=lua

@@ -155,6 +155,9 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- if and .Values.login.enabled (not .Values.login.existingHostKeysSecret) }}
 {{ include "slurm.hostKeysSecret" . }} ssh-host
 {{- end }}
+{{- if and (include "slurm.computeSsh" .) (not .Values.slurmd.ssh.existingHostKeysSecret) }}
+{{ include "slurm.computeHostKeysSecret" . }} ssh-host
+{{- end }}
 {{- end -}}
 
 {{/* Whether the compute pods mount the job-scripts ConfigMap (prolog, epilog, health checks). */}}

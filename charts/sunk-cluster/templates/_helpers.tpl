@@ -179,7 +179,9 @@ subjects:
 {{- end -}}
 
 {{- /* The Service Prometheus finds a component's /metrics on, when it has a
-  port: <release>-<component>-metrics. */ -}}
+  port: <release>-<component>-metrics. The release's ServiceMonitor selects it
+  where the Prometheus Operator's CRDs exist; elsewhere the prometheus.io
+  annotations name the port and path. */ -}}
 {{- define "sunk.metricsService" }}
 {{- if .c.metricsPort }}
 ---
@@ -187,7 +189,15 @@ apiVersion: v1
 kind: Service
 metadata:
   name: {{ .root.Release.Name }}-{{ .component }}-metrics
-  labels: {{- include "sunk.labels" .root | nindent 4 }}
+  labels:
+    {{- include "sunk.labels" .root | nindent 4 }}
+    sunk.dev/metrics: "true"
+  {{- if not (.root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}
+  annotations:
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ .c.metricsPort | quote }}
+    prometheus.io/path: /metrics
+  {{- end }}
 spec:
   selector: {{- include "sunk.selector" (dict "root" .root "component" .component) | nindent 4 }}
   ports:

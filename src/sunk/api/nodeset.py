@@ -12,9 +12,11 @@ Node selection lives in the pod template (`nodeSelector`, `affinity`,
 
 from __future__ import annotations
 
+import datetime
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sunk.api import GROUP, LABEL_NODESET
 
@@ -63,6 +65,64 @@ class RollingUpdate(_Camel):
     ] = 1
 
 
+DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?$"
+
+
+def duration_seconds(text: str) -> int:
+    """A duration as the API writes it ("4h", "90m", "1h30m") in seconds."""
+    match = re.fullmatch(DURATION_PATTERN, text)
+    if match is None or not text:
+        raise ValueError(f"{text!r} is not a duration such as 4h, 90m or 1h30m")
+    hours, minutes = (int(part[:-1]) if part else 0 for part in match.groups())
+    return hours * 3600 + minutes * 60
+
+
+def _positive_duration(text: str) -> str:
+    if duration_seconds(text) < 60:
+        raise ValueError("must be at least one minute")
+    return text
+
+
+Duration = Annotated[
+    str,
+    Field(pattern=DURATION_PATTERN, min_length=2, max_length=12),
+    AfterValidator(_positive_duration),
+]
+
+
+class MaintenanceWindow(_Camel):
+    """When an update may drain nodes. Before the window the update's nodes are
+    reserved in Slurm (a maintenance reservation from the window's start), so
+    no job that would still run at the start begins on them; in the window
+    they are drained and replaced as usual; outside it nothing is drained."""
+
+    start: Annotated[
+        datetime.datetime,
+        Field(description="The (first) window's start, RFC 3339, e.g. 2026-12-05T02:00:00Z."),
+    ]
+    duration: Annotated[Duration, Field(description="How long each window lasts: 4h, 90m, 1h30m.")]
+    every: Annotated[
+        Duration | None,
+        Field(
+            description=(
+                "Repeat the window this often from `start` (168h: weekly); without it "
+                "the window happens once, and an update not done by its end waits for "
+                "a new window."
+            )
+        ),
+    ] = None
+
+    @model_validator(mode="after")
+    def _fits_its_period(self) -> MaintenanceWindow:
+        if self.start.tzinfo is None:
+            raise ValueError("start: needs a time zone (Z or an offset)")
+        if self.every is not None and duration_seconds(self.every) < duration_seconds(
+            self.duration
+        ):
+            raise ValueError("every: must be at least the window's duration")
+        return self
+
+
 class UpdateStrategy(_Camel):
     """How pods whose template is out of date are replaced: always drained in
     Slurm first and replaced only once no job runs on their node."""
@@ -78,6 +138,16 @@ class UpdateStrategy(_Camel):
         ),
     ] = "RollingUpdate"
     rolling_update: RollingUpdate = RollingUpdate()
+    maintenance_window: Annotated[
+        MaintenanceWindow | None,
+        Field(
+            description=(
+                "RollingUpdate only: drain for updates only inside this window, and "
+                "keep jobs from starting across its start (a Slurm maintenance "
+                "reservation; Slurm 25.05+). Without it updates start at once."
+            )
+        ),
+    ] = None
 
 
 class NodeResources(_Camel):

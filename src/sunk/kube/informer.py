@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -94,6 +94,10 @@ class Informer(Generic[R]):
         self._read_timeout = read_timeout
         self._retry_delay = retry_delay
         self._store: dict[str, R] = {}
+        # Indexes, as client-go's Indexer: name → value → keys of the objects
+        # whose index function gives that value.
+        self._index_funcs: dict[str, Callable[[R], Iterable[str]]] = {}
+        self._indexes: dict[str, dict[str, set[str]]] = {}
         self._handlers: list[Handler[R]] = []
         self.synced = asyncio.Event()
         self.resource_version = ""
@@ -112,6 +116,36 @@ class Informer(Generic[R]):
 
     def subscribe(self, handler: Handler[R]) -> None:
         self._handlers.append(handler)
+
+    def add_index(self, name: str, values: Callable[[R], Iterable[str]]) -> None:
+        """Make objects findable by `by_index(name, value)` for each value that
+        `values(obj)` gives (an empty value is not indexed). Kept current before
+        any handler hears of a change."""
+        self._index_funcs[name] = values
+        self._indexes[name] = {}
+        for key, obj in self._store.items():
+            self._index(name, key, None, obj)
+
+    def by_index(self, name: str, value: str) -> list[R]:
+        return [self._store[key] for key in self._indexes[name].get(value, ())]
+
+    def _index(self, name: str, key: str, old: R | None, new: R | None) -> None:
+        values = self._indexes[name]
+        before = set(self._index_funcs[name](old)) if old is not None else set()
+        after = set(self._index_funcs[name](new)) if new is not None else set()
+        for value in before - after:
+            keys = values.get(value)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del values[value]
+        for value in after - before:
+            if value:
+                values.setdefault(value, set()).add(key)
+
+    def _reindex(self, key: str, old: R | None, new: R | None) -> None:
+        for name in self._index_funcs:
+            self._index(name, key, old, new)
 
     # -- the loop
 
@@ -161,6 +195,10 @@ class Informer(Generic[R]):
         self.relists += 1
         old = self._store
         self._store = fresh
+        for name in self._index_funcs:
+            self._indexes[name] = {}
+            for key, obj in fresh.items():
+                self._index(name, key, None, obj)
         for key, obj in fresh.items():
             before = old.get(key)
             if before is None:
@@ -222,9 +260,11 @@ class Informer(Generic[R]):
         old = self._store.get(key)
         if kind == "DELETED":
             self._store.pop(key, None)
+            self._reindex(key, old, None)
             self._emit(Event("DELETED", key, old, None))
         elif kind in ("ADDED", "MODIFIED"):
             self._store[key] = obj
+            self._reindex(key, old, obj)
             self._emit(Event("ADDED" if old is None else "MODIFIED", key, old, obj))
 
     def _emit(self, event: Event[R]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,7 +37,9 @@ from sunk.nodeset.plan import (
     Drain,
     Plan,
     PodView,
+    Reserve,
     Resume,
+    Unreserve,
     plan,
 )
 from sunk.nodeset.pods import (
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER = "sunk-nodeset"
 FINALIZER = f"{DOMAIN}/slurm-nodes"
+POD_NAME = "name"
 # While something waits (jobs to end, a pod to become ready), look again this
 # often even without an event; events usually come first.
 WAIT_REQUEUE = 5.0
@@ -78,6 +82,11 @@ def _pod_view(pod: Pod) -> PodView:
         terminating=pod.metadata.deletionTimestamp is not None,
         failed=(pod.status.phase if pod.status else None) in ("Failed", "Succeeded"),
     )
+
+
+def reservation_name(ref: NodeSetRef) -> str:
+    """The Slurm reservation that holds a NodeSet's nodes for its update window."""
+    return f"sunk-update-{ref.namespace}-{ref.name}"
 
 
 def _slurm_name(spec: api.NodeSetSpec, nodeset: str, node: Node) -> str | None:
@@ -110,6 +119,10 @@ class NodeSetController:
         self._nodes: Informer[Node] = Informer(kube, Node)
         self._pods: Informer[Pod] = Informer(
             kube, Pod, namespace=namespace, labels={LABEL_NODESET: operators.exists()}
+        )
+        # A Slurm node has its pod's name: Slurm's changes find the pod by it.
+        self._pods.add_index(
+            POD_NAME, lambda pod: [pod.metadata.name or ""] if pod.metadata else []
         )
         self.queue: WorkQueue[str] = WorkQueue()
         self._events = EventRecorder(kube, CONTROLLER, instance=identity)
@@ -148,8 +161,7 @@ class NodeSetController:
         if name == ALL_NODES:  # Slurm's view went stale or fresh: every set may act now
             self._enqueue_all()
             return
-        pod = next((p for p in self._pods.items() if p.metadata and p.metadata.name == name), None)
-        if pod is not None:
+        for pod in self._pods.by_index(POD_NAME, name):
             self._on_pod(Event("MODIFIED", key_of(pod), pod, pod))
 
     # -- the loop
@@ -216,9 +228,17 @@ class NodeSetController:
         slurm = self._slurm.nodes_with_feature(name)
         feasible_count = len(feasible_nodes.get(me, []))
         result = plan(
-            spec, revision, owned, pods, slurm, deleting=deleting, feasible=feasible_count
+            spec,
+            revision,
+            owned,
+            pods,
+            slurm,
+            deleting=deleting,
+            feasible=feasible_count,
+            now=time.time(),
         )
         ref = NodeSetRef(namespace, name, meta["uid"])
+        await self._keep_reservation(result, ref)
         for action in result.actions:
             try:
                 await self._act(action, obj, ref, spec, revision)
@@ -294,6 +314,21 @@ class NodeSetController:
         return current
 
     # -- actions
+
+    async def _keep_reservation(self, result: Plan, ref: NodeSetRef) -> None:
+        """A reservation Slurm will not make or delete is reported and retried;
+        the set's other actions go on regardless."""
+        name = reservation_name(ref)
+        match result.reservation:
+            case Reserve(slurm_nodes=nodes, start=start, end=end):
+                problem = await self._slurm.reserve(name, nodes, start, end)
+            case Unreserve():
+                problem = await self._slurm.unreserve(name)
+            case _:
+                problem = None
+        if problem is not None:
+            log.warning("maintenance reservation %s: %s", name, problem)
+            result.waiting.append(f"maintenance reservation {name}: {problem}")
 
     async def _act(
         self,

@@ -18,6 +18,10 @@ The rules that keep jobs alive:
   by a person (any other reason) outlives updates and restarts.
 - When Slurm's view is stale nothing that depends on it happens: no drain,
   no delete, no resume. Pods for new nodes are still created.
+- With a maintenance window, updates drain only inside it; before it, the
+  outdated nodes are reserved in Slurm from the window's start (so no job
+  that would still run then starts on them), and the reservation goes when
+  the update is done.
 - A pod that has failed for good (phase Failed: kubelet refused it, e.g. its
   node's labels had not reached kubelet yet, or it was evicted) runs no
   slurmd, so no job can run through it: it is deleted at once, without a
@@ -27,11 +31,13 @@ The rules that keep jobs alive:
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sunk.api import nodeset as api
+from sunk.nodeset.window import window_at
 
 REASON_PREFIX = "sunk/nodeset:"
 REASON_UPDATE = f"{REASON_PREFIX} replacing the pod for an update"
@@ -92,6 +98,20 @@ class DeleteSlurmNode:
     slurm_node: str
 
 
+@dataclass(frozen=True)
+class Reserve:
+    """Keep `slurm_nodes` in the set's maintenance reservation for [start, end)."""
+
+    slurm_nodes: tuple[str, ...]
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Unreserve:
+    """The set needs no maintenance reservation (none may exist)."""
+
+
 Action = CreatePod | Drain | DeletePod | Resume | DeleteSlurmNode
 
 
@@ -100,6 +120,9 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     status: api.NodeSetStatus = field(default_factory=api.NodeSetStatus)
     waiting: list[str] = field(default_factory=list)  # why it is not done, for conditions
+    # The maintenance reservation the set should have; None: leave it as it is
+    # (Slurm's view is stale).
+    reservation: Reserve | Unreserve | None = None
 
     @property
     def done(self) -> bool:
@@ -122,9 +145,11 @@ def plan(
     *,
     deleting: bool = False,
     feasible: int | None = None,
+    now: float = 0.0,
 ) -> Plan:
     """`owned`: node → pod name it should have; `pods`: this set's pods by name;
-    `slurm`: its Slurm nodes by name, None while Slurm's view is stale."""
+    `slurm`: its Slurm nodes by name, None while Slurm's view is stale; `now`:
+    epoch seconds, for the maintenance window."""
     result = Plan()
     desired = {} if deleting else dict(owned)
     stale = slurm is None
@@ -162,6 +187,13 @@ def plan(
         # Nodes already out of service first: replacing them costs nothing.
         key=lambda p: (_serves(view, p), p.name),
     )
+    window_spec = spec.update_strategy.maintenance_window if rolling else None
+    window = window_at(window_spec, now) if window_spec is not None else None
+    closed = ""  # why the update may not drain now
+    if window_spec is not None and window is None:
+        closed = "update waits for a maintenance window (the last one has ended)"
+    elif window is not None and not window.open(now):
+        closed = f"update waits for the maintenance window from {_iso(window.start)}"
     for pod in outdated if rolling else []:
         if stale:
             result.waiting.append(f"{pod.name}: Slurm's view is stale")
@@ -171,11 +203,20 @@ def plan(
             result.actions.append(DeletePod(pod.name, pod.name, "replaced by an update"))
         elif state.drained:
             result.waiting.append(f"{pod.name}: waiting for its jobs to end ({state.reason})")
+        elif closed:
+            result.waiting.append(f"{pod.name}: {closed}")
         elif budget > 0:
             result.actions.append(Drain(pod.name, REASON_UPDATE))
             budget -= 1
         else:
             result.waiting.append(f"{pod.name}: update waits for maxUnavailable")
+    if not stale:
+        reserved = tuple(sorted(p.name for p in outdated if p.name in view)) if rolling else ()
+        result.reservation = (
+            Reserve(reserved, window.start, window.end)
+            if window is not None and reserved
+            else Unreserve()
+        )
 
     # 4. Current, ready pods whose node we drained serve again.
     for pod in by_node.values():
@@ -194,6 +235,10 @@ def plan(
 
     result.status = _status(spec, revision, desired, pods, view, feasible)
     return result
+
+
+def _iso(epoch: int) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _leave(result: Plan, pod: PodView, node: SlurmNodeView | None, reason: str, why: str) -> None:

@@ -1,7 +1,9 @@
-"""`sunk operator`: the NodeSet controller, leader-elected, talking to one Slurm cluster."""
+"""`sunk operator`: the NodeSet controller, leader-elected, talking to one Slurm cluster,
+and beside it (same Lease) the topology controller when a topology ConfigMap is named."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.metrics import NodeSetMetrics
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.view import SlurmView
+from sunk.topology.controller import TopologyController
+from sunk.topology.metrics import TopologyMetrics
 
 
 @dataclass(frozen=True)
@@ -27,10 +31,13 @@ class OperatorConfig:
     install_crds: bool = True
     workers: int = 4
     metrics_port: int | None = 9090  # None: no /metrics endpoint
+    # The slurm chart's topology ConfigMap (namespace, name); None: no topology controller.
+    topology_configmap: tuple[str, str] | None = None
 
 
 async def run_operator(config: OperatorConfig) -> None:
     metrics = NodeSetMetrics()
+    topology_metrics = TopologyMetrics(metrics.registry)
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, "sunk-operator")
@@ -41,6 +48,20 @@ async def run_operator(config: OperatorConfig) -> None:
         )
 
     async def lead(wiring: Wiring) -> None:
+        async with asyncio.TaskGroup() as group:
+            if config.topology_configmap is not None:
+                namespace, name = config.topology_configmap
+                topology = TopologyController(
+                    wiring.kube,
+                    namespace=namespace,
+                    configmap=name,
+                    identity=wiring.identity,
+                    metrics=topology_metrics,
+                )
+                group.create_task(topology.run())
+            group.create_task(lead_nodesets(wiring))
+
+    async def lead_nodesets(wiring: Wiring) -> None:
         async with SlurmView(wiring.slurm, watch_jobs=False) as view:
             port = SlurmPortForNodeSets(wiring.slurm, view)
             controller = NodeSetController(

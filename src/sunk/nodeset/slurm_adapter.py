@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from sunk.nodeset.plan import SlurmNodeView
 from sunk.nodeset.slurm_port import ALL_NODES
 from sunk.slurm.channel import SlurmChannel, tell
-from sunk.slurm.errors import SlurmNotFoundError
-from sunk.slurm.models import Node
-from sunk.slurm.view import NodeEvent, Resync, StateEvent
+from sunk.slurm.client import SlurmClient
+from sunk.slurm.errors import (
+    SlurmApiError,
+    SlurmAuthError,
+    SlurmNotFoundError,
+    SlurmUnsupportedError,
+)
+from sunk.slurm.models import Node, ReservationSpec
+from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent
+
+# Flags of an update's reservation: MAINT marks the nodes as in maintenance
+# (accounting does not count them as idle); IGNORE_JOBS lets it be made while
+# jobs run there, which must end before the window (or the update waits).
+MAINTENANCE_FLAGS = ("MAINT", "IGNORE_JOBS")
+CANNOT_RESERVE = (
+    "this Slurm cannot make reservations through its REST API (25.05+ can): "
+    "jobs may still start across the maintenance window"
+)
+# Slurm refuses a reservation that starts more than this far in the past.
+_PAST_START_SLACK = 60
+
+
+def _final(refused: SlurmApiError) -> bool:
+    """Slurm's own "no", to report: not a moment's trouble (retried) nor a bad
+    token (which fails everything, and is the component's to raise)."""
+    return not refused.transient and not isinstance(refused, SlurmAuthError)
 
 
 def node_view(node: Node) -> SlurmNodeView:
@@ -25,6 +50,13 @@ def node_view(node: Node) -> SlurmNodeView:
 
 
 class SlurmPortForNodeSets(SlurmChannel):
+    def __init__(self, client: SlurmClient, view: SlurmView) -> None:
+        super().__init__(client, view)
+        # What this process last made each reservation: (nodes, start, end),
+        # or None once it is known not to exist. Absent: unknown (a restart).
+        self._reservations: dict[str, tuple[tuple[str, ...], int, int] | None] = {}
+        self._cannot_reserve = False
+
     def nodes_with_feature(self, feature: str) -> Mapping[str, SlurmNodeView] | None:
         if not self._view.fresh:
             return None
@@ -73,3 +105,49 @@ class SlurmPortForNodeSets(SlurmChannel):
         # polls answer "no change" and the view would keep the node (and a
         # deleted NodeSet its finalizer) until the view's next full read.
         await self._view.refresh_node(name)
+
+    async def reserve(self, name: str, nodes: Sequence[str], start: int, end: int) -> str | None:
+        wanted = (tuple(nodes), start, end)
+        if self._reservations.get(name) == wanted:
+            return None
+        if self._cannot_reserve:
+            return CANNOT_RESERVE
+        # An open window's start has passed, which Slurm refuses: start now.
+        begin = max(start, int(time.time()) - _PAST_START_SLACK)
+        spec = ReservationSpec(
+            name=name,
+            nodes=wanted[0],
+            start_time=begin,
+            duration_minutes=max(1, math.ceil((end - begin) / 60)),
+            flags=MAINTENANCE_FLAGS,
+            comment="sunk: NodeSet update window",
+        )
+        try:
+            await self._client.create_reservation(spec)
+        except SlurmUnsupportedError:
+            self._cannot_reserve = True
+            return CANNOT_RESERVE
+        except SlurmApiError as refused:
+            if not _final(refused):
+                raise
+            return f"Slurm refused the reservation: {refused}"
+        self._reservations[name] = wanted
+        return None
+
+    async def unreserve(self, name: str) -> str | None:
+        if (name in self._reservations and self._reservations[name] is None) or (
+            self._cannot_reserve
+        ):
+            return None
+        # Read first: most sets never had a window, and a read is anyone's to make.
+        if await self._client.reservation(name) is not None:
+            try:
+                await self._client.delete_reservation(name)
+            except SlurmNotFoundError:
+                pass
+            except SlurmApiError as refused:
+                if not _final(refused):
+                    raise
+                return f"Slurm refused to delete the reservation: {refused}"
+        self._reservations[name] = None
+        return None

@@ -6,7 +6,7 @@ A narrow port: the controller and its unit tests depend on this Protocol;
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from sunk.nodeset.plan import SlurmNodeView
@@ -52,3 +52,16 @@ class NodeSetSlurm(Protocol):
         ...
 
     async def delete_node(self, name: str) -> None: ...
+
+    async def reserve(self, name: str, nodes: Sequence[str], start: int, end: int) -> str | None:
+        """Hold `nodes` in the maintenance reservation `name` from `start` to `end`
+        (epoch seconds): no job that would run past `start` begins on them.
+        Written only when it differs from what this process last wrote. None
+        once held; else why not, for people (this Slurm cannot: reservations
+        through REST need 25.05+; or Slurm refused)."""
+        ...
+
+    async def unreserve(self, name: str) -> str | None:
+        """No reservation `name`: read once after a restart, deleted only if it
+        exists. None once gone; else why Slurm refused."""
+        ...

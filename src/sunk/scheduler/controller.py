@@ -68,6 +68,7 @@ from sunk.scheduler.decide import (
     bound,
     decide,
     deleting,
+    pod_annotations,
 )
 from sunk.scheduler.jobs import JobIndex
 from sunk.scheduler.metrics import SchedulerMetrics
@@ -181,6 +182,10 @@ class Scheduler:
         self.metrics.slurm_requests.set_function(lambda: slurm.requests)
         self.metrics.view_fresh.set_function(lambda: 1 if slurm.fresh else 0)
         self.metrics.pending_pods.set_function(self._count_pending)
+        self.metrics.waiting_on_slurm.set_function(lambda: len(self._waiting_on_slurm()))
+        self.metrics.slurm_wait_seconds.set_function(
+            lambda: max((time.time() - t for t in self._waiting_on_slurm()), default=0.0)
+        )
         # Pod uid → when this process first saw it pending: the bind latency's start.
         self._first_seen: dict[str, float] = {}
 
@@ -301,6 +306,21 @@ class Scheduler:
 
     def _count_pending(self) -> int:
         return sum(1 for pod in self._pods.items() if not bound(pod) and not deleting(pod))
+
+    def _waiting_on_slurm(self) -> list[float]:
+        """When each pod that waits on Slurm was created (Unix seconds): not bound,
+        not being deleted, and with a Slurm job (its id on the pod) that has not
+        placed it. From the pod, not from this process, so a new leader tells the
+        same ages."""
+        return [
+            pod.metadata.creationTimestamp.timestamp()
+            for pod in self._pods.items()
+            if not bound(pod)
+            and not deleting(pod)
+            and pod.metadata is not None
+            and pod.metadata.creationTimestamp is not None
+            and ANNOTATION_JOB_ID in pod_annotations(pod)
+        ]
 
     async def _reconcile(self, key: str) -> Result | None:
         if not self._slurm.fresh:

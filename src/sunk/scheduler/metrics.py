@@ -51,3 +51,15 @@ class SchedulerMetrics(ControllerMetrics):
             "Pods of this scheduler not bound yet (waiting for Slurm, or refused).",
             registry=self.registry,
         )
+        self.waiting_on_slurm = Gauge(
+            f"{NAMESPACE}_pods_waiting_on_slurm",
+            "Pods not bound yet whose Slurm job is in Slurm's queue (refused pods,"
+            " and pods not submitted yet, are not counted).",
+            registry=self.registry,
+        )
+        self.slurm_wait_seconds = Gauge(
+            f"{NAMESPACE}_slurm_wait_seconds",
+            "Age of the oldest pod waiting on its Slurm job (since the pod was"
+            " created); 0 when none waits.",
+            registry=self.registry,
+        )

@@ -48,6 +48,7 @@ from sunk.syncer.decide import (
     SetComment,
     decide,
     stale,
+    sunk_drainer,
 )
 from sunk.syncer.kube_state import kube_node_state, pod_state, state_event
 from sunk.syncer.metrics import SyncerMetrics
@@ -57,6 +58,8 @@ from sunk.syncer.slurm_port import ALL_NODES, SyncerSlurm
 log = logging.getLogger(__name__)
 
 CONTROLLER = "sunk-syncer"
+# The pods informer's indexes.
+BY_NAME, BY_NODE = "name", "node"
 # While Slurm cannot be read, look again this often: the view can turn stale by
 # age alone (a hung poll), and then no state event announces its return.
 STALE_RECHECK = 2.0
@@ -106,6 +109,9 @@ class Syncer:
             "metadata": {"namespace": lease[0], "name": lease[1]},
         }
         self._stale_reason = "Slurm not read yet"
+        # Slurm node → when the syncer first saw sunk's drain on it, for a Slurm
+        # that does not say when it set the reason (Unix seconds).
+        self._drain_seen: dict[str, float] = {}
         self._stale_since: float | None = None  # monotonic; None while fresh
         self._announced = False  # the pause was told (condition and Event)
         self._nodes: Informer[Node] = Informer(kube, Node)
@@ -121,34 +127,30 @@ class Syncer:
         # writes (a rack uncordoned: a hundred resumes) need not wait behind the
         # apiserver writes of the nodes reconciled before (four or five each).
         self.mirrors: WorkQueue[str] = WorkQueue()
-        # The pods' informer keys by pod name (a Slurm node's name) and by node:
-        # a reconcile looks its pod up, not through every pod (a rack's worth of
-        # reconciles at once would each scan them all).
-        self._by_name: dict[str, set[str]] = {}
-        self._by_node: dict[str, set[str]] = {}
+        # Pods by name (a Slurm node's name) and by node: a reconcile looks its
+        # pod up, not through every pod (a rack's worth of reconciles at once
+        # would each scan them all).
+        self._pods.add_index(BY_NAME, lambda pod: [pod.metadata.name or ""] if pod.metadata else [])
+        self._pods.add_index(BY_NODE, lambda pod: [pod.spec.nodeName or ""] if pod.spec else [])
         self._nodes.subscribe(lambda e: self.queue.add(e.key))
         self._pods.subscribe(self._on_pod)
 
     def _on_pod(self, event: Event[Pod]) -> None:
-        for pod, index in ((event.old, _unindex), (event.new, _index)):
-            if pod is None or pod.metadata is None:
-                continue
-            index(self._by_name, pod.metadata.name or "", event.key)
-            if pod.spec and pod.spec.nodeName:
-                index(self._by_node, pod.spec.nodeName, event.key)
+        for pod in (event.old, event.new):
+            if pod is not None and pod.spec and pod.spec.nodeName:
                 self.queue.add(pod.spec.nodeName)
 
-    def _slurmd_pods(self, keys: Iterable[str] | None = None) -> list[Pod]:
-        """The NodeSets' pods (of `keys`, or all): a label alone (anyone's to write)
+    def _slurmd_pods(self, pods: Iterable[Pod] | None = None) -> list[Pod]:
+        """The NodeSets' pods (of `pods`, or all): a label alone (anyone's to write)
         makes no pod a slurmd's."""
-        pods = self._pods.items() if keys is None else map(self._pods.get, keys)
-        return [p for p in pods if p is not None and owning_nodeset(p) is not None]
+        candidates = self._pods.items() if pods is None else pods
+        return [p for p in candidates if owning_nodeset(p) is not None]
 
     def _pod_named(self, name: str) -> Pod | None:
-        return next(iter(self._slurmd_pods(self._by_name.get(name, ()))), None)
+        return next(iter(self._slurmd_pods(self._pods.by_index(BY_NAME, name))), None)
 
     def _slurmd_pod_on(self, node: str) -> Pod | None:
-        pods = self._slurmd_pods(self._by_node.get(node, ()))
+        pods = self._slurmd_pods(self._pods.by_index(BY_NODE, node))
         pods.sort(key=lambda p: bool(p.metadata and p.metadata.deletionTimestamp))
         return pods[0] if pods else None
 
@@ -228,14 +230,29 @@ class Syncer:
         if not self._slurm.fresh:
             return
         counts: dict[tuple[str, str], int] = {}
+        now = time.time()
+        drains: dict[tuple[str, str, str], float] = {}
         for pod in self._slurmd_pods():
             node = self._slurm.node((pod.metadata.name if pod.metadata else None) or "")
-            if node is not None:
-                key = (node.base_state, "true" if node.drained else "false")
-                counts[key] = counts.get(key, 0) + 1
+            if node is None:
+                continue
+            key = (node.base_state, "true" if node.drained else "false")
+            counts[key] = counts.get(key, 0) + 1
+            if (by := sunk_drainer(node)) is not None:
+                seen = self._drain_seen.setdefault(node.name, now)
+                since = node.reason_since or seen
+                kube_node = (pod.spec.nodeName if pod.spec else None) or ""
+                drains[(node.name, kube_node, by)] = max(0.0, now - since)
+        drained = {slurm_node for slurm_node, _, _ in drains}
+        self._drain_seen = {name: t for name, t in self._drain_seen.items() if name in drained}
         self.metrics.slurm_nodes.clear()
         for (state, drain), count in counts.items():
             self.metrics.slurm_nodes.labels(state=state, drain=drain).set(count)
+        self.metrics.sunk_drain_seconds.clear()
+        for (slurm_node, kube_node, by), seconds in drains.items():
+            self.metrics.sunk_drain_seconds.labels(
+                slurm_node=slurm_node, kube_node=kube_node, by=by
+            ).set(seconds)
 
     async def _reconcile(self, name: str) -> Result | None:
         node = self._nodes.get(name)
@@ -462,15 +479,3 @@ class Syncer:
                 action="Mirror",
                 type_="Warning" if type_ == "Warning" else "Normal",
             )
-
-
-def _index(index: dict[str, set[str]], value: str, key: str) -> None:
-    index.setdefault(value, set()).add(key)
-
-
-def _unindex(index: dict[str, set[str]], value: str, key: str) -> None:
-    keys = index.get(value)
-    if keys is not None:
-        keys.discard(key)
-        if not keys:
-            del index[value]

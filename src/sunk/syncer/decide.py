@@ -22,12 +22,15 @@ The Slurm node's comment names the pod, for `scontrol show node`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sunk.api import DOMAIN, TAINT_NODE_LOCK
 
 REASON_PREFIX = "sunk/syncer:"
+# Every sunk component drains with a reason "sunk/<component>: why".
+SUNK_REASON = re.compile(r"^sunk/([a-z-]+):")
 CORDON_REASON_ANNOTATION = f"{DOMAIN}/cordon-reason"
 ANNOTATION_SLURM_STATE = f"{DOMAIN}/slurm-state"
 ANNOTATION_SLURM_REASON = f"{DOMAIN}/slurm-reason"
@@ -74,6 +77,17 @@ class SlurmState:
     responding: bool
     busy: bool  # a job runs or completes on it
     comment: str = ""
+    # When Slurm last set the reason (Unix seconds; None when it does not say):
+    # how long a drain has lasted, for the metrics.
+    reason_since: int | None = None
+
+
+def sunk_drainer(slurm: SlurmState) -> str | None:
+    """The sunk component whose drain the node carries (syncer, nodeset), or None
+    when it is not drained or drained by someone else (a person, a health check)."""
+    if not slurm.drained or (found := SUNK_REASON.match(slurm.reason)) is None:
+        return None
+    return found.group(1)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,14 @@ class SyncerMetrics(ControllerMetrics):
             ["state", "drain"],
             registry=self.registry,
         )
+        self.sunk_drain_seconds = Gauge(
+            f"{NAMESPACE}_sunk_drain_seconds",
+            "How long each Slurm node that sunk drained has been drained, by the"
+            " component whose reason it carries (syncer or nodeset); only such nodes"
+            " are listed. From Slurm's own time of the reason, so a restart keeps it.",
+            ["slurm_node", "kube_node", "by"],
+            registry=self.registry,
+        )
         self.write_wait = Gauge(
             f"{NAMESPACE}_write_wait_seconds",
             "Time writes have waited for the write rate limit, in total, by API.",

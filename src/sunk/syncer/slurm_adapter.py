@@ -30,6 +30,7 @@ def slurm_state(node: Node) -> SlurmState:
         responding=node.responding,
         busy=not node.idle_or_down,
         comment=node.comment,
+        reason_since=node.reason_changed_at,
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from sunk.slurm.hostlist import HostlistError, compress, expand
-from sunk_testbed.gres_topology.problems import Problem, raise_if
+from sunk.topology.problems import Problem, raise_if
 
 _TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
 

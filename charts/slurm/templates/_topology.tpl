@@ -1,0 +1,18 @@
+{{/* The volume of /etc/slurm: the chart's files and the topology file sunk's
+  operator keeps in <release>-topology (optional: absent until the operator
+  writes it), one directory updated in place. slurmctld reads the topology
+  and its reconfigure sidecar applies a change; the login pods' scontrol
+  needs it too (`scontrol show topology` reads the file for its plugin).
+  slurmd pods fetch it from slurmctld (configless). */}}
+{{- define "slurm.configVolume" -}}
+- name: config
+  projected:
+    sources:
+      - configMap:
+          name: {{ include "slurm.fullname" . }}-config
+      - configMap:
+          name: {{ include "slurm.fullname" . }}-topology
+          optional: true
+          items:
+            - {key: {{ .Values.topology.file }}, path: {{ .Values.topology.file }}}
+{{- end -}}

@@ -1,0 +1,95 @@
+"""What the topology ConfigMap must hold (pure).
+
+Members are the slurmd pods of NodeSets that are Ready on a Node the cache
+knows, each under its pod's name (the Slurm node's) with its Node's labels.
+Ready, not merely scheduled: 24.11 places a dynamic node only if it exists
+when the topology is read (a node that registers after that stays out of
+every switch until the next reconfigure); 26.05 would also place one that
+registers later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from lightkube.resources.core_v1 import Pod
+
+from sunk.api.nodeset import owning_nodeset
+from sunk.kube.client import pod_ready
+from sunk.topology.build import (
+    Block,
+    Blocks,
+    NamedTopology,
+    NodeLabels,
+    Tree,
+    blocks_from_labels,
+    render_topology_conf,
+    render_topology_yaml,
+    tree_from_labels,
+)
+from sunk.topology.settings import TopologySettings
+
+# The leaf switch of the tree's members that lack a level label (under the root).
+UNLABELLED = "unlabelled"
+
+
+def members(pods: Iterable[Pod], node_labels: Mapping[str, Mapping[str, str]]) -> NodeLabels:
+    """Slurm node name -> its Kubernetes node's labels, for every NodeSet pod
+    that is Ready, not being deleted, on a known Node."""
+    found: dict[str, Mapping[str, str]] = {}
+    for pod in pods:
+        meta, spec = pod.metadata, pod.spec
+        if meta is None or spec is None or not meta.name or meta.deletionTimestamp is not None:
+            continue
+        if owning_nodeset(pod) is None or not pod_ready(pod):
+            continue
+        labels = node_labels.get(spec.nodeName or "")
+        if labels is not None:
+            found[meta.name] = labels
+    return found
+
+
+@dataclass(frozen=True)
+class Plan:
+    files: dict[str, str]  # the topology file(s) the ConfigMap holds; any other is removed
+    placed: int  # members in a switch or block
+    unplaced: tuple[str, ...]  # members missing a label (or, 24.11, in too small a block)
+
+
+def plan(settings: TopologySettings, nodes: NodeLabels) -> Plan:
+    """Raises ConfigError (naming the field or switch) when no topology can be built."""
+    if settings.plugin == "none":
+        return Plan({}, 0, ())
+    topology: Tree | Blocks
+    if settings.plugin == "tree":
+        topology = tree_from_labels(nodes, settings.tree.levels, unlabelled=UNLABELLED)
+        unplaced = next((s.nodes for s in topology.switches if s.name == UNLABELLED), ())
+    else:
+        topology = blocks_from_labels(
+            nodes,
+            settings.block.label,
+            settings.block.sizes,
+            skip_unlabelled=True,
+            small_blocks=True,
+        )
+        if settings.file == "topology.conf":
+            topology = _only_full_blocks(topology)
+        placed = {node for block in topology.blocks for node in block.nodes}
+        unplaced = tuple(sorted(set(nodes) - placed))
+    if settings.file == "topology.conf":
+        text = render_topology_conf(topology)
+    else:
+        text = render_topology_yaml(
+            [NamedTopology(settings.plugin, topology, cluster_default=True)]
+        )
+    return Plan({settings.file: text}, len(nodes) - len(unplaced), tuple(unplaced))
+
+
+def _only_full_blocks(blocks: Blocks) -> Blocks:
+    """24.11's slurmctld exits on a block with fewer nodes than the base size
+    ("children count lower than bblock_node_cnt"): leave such blocks out until
+    they fill."""
+    base = blocks.block_sizes[0]
+    full: tuple[Block, ...] = tuple(b for b in blocks.blocks if len(b.nodes) >= base)
+    return Blocks(full, blocks.block_sizes)

@@ -1,0 +1,126 @@
+"""One `sunk local up` cluster shared by the modules that use it as a user would.
+
+`sunk local up` costs a minute or more, so the modules that need the README's
+cluster (`tests/charts/test_local_up*.py`, which sort next to each other) share
+one. It starts at the first test that asks for `local_cluster` and is taken
+down (`sunk local down`, nothing left behind) after the last test of a run of
+consecutive tests that ask for it, so it does not idle beside the beds of the
+modules that follow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sunk_testbed.bed import Bed
+from sunk_testbed.nodes import node_binaries_dir
+
+FIXTURE = "local_cluster"
+
+
+def sunk(state: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sunk", "local", *args, "--state", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ssh(state: Path, command: str, timeout: float = 120) -> str:
+    proc = sunk(state, "ssh", command, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def poll_ssh(
+    state: Path, command: str, done: Callable[[str], bool], within: float, every: float = 1
+) -> str:
+    """Run `command` on the login pod until `done(output)`; that output."""
+    deadline = time.monotonic() + within
+    while not done(out := ssh(state, command)):
+        assert time.monotonic() < deadline, f"{command!r} after {within:.0f} s: {out}"
+        time.sleep(every)
+    return out
+
+
+def summary(state: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((state / "bed.json").read_text())
+    return loaded
+
+
+def kubectl(
+    state: Path, *args: str, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    config = summary(state)["kubernetes"]["kubeconfig"]
+    return subprocess.run(
+        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={config}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class LocalCluster:
+    """The shared cluster's state directory, started on first use."""
+
+    def __init__(self) -> None:
+        self.state: Path | None = None
+
+    def up(self) -> Path:
+        if self.state is not None:
+            return self.state
+        state = Path(tempfile.mkdtemp(prefix="sunk-local-up-", dir="/tmp"))
+        self.state = state
+        started = time.monotonic()
+        proc = sunk(state, "up", timeout=900)
+        print(f"sunk local up: {time.monotonic() - started:.1f}s\n{proc.stdout}")
+        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+        return state
+
+    def down(self) -> None:
+        state, self.state = self.state, None
+        if state is None:
+            return
+        try:
+            proc = sunk(state, "down", timeout=300)
+            assert proc.returncode == 0, proc.stderr
+            assert Bed(state).leftovers() == []
+        finally:
+            subprocess.run(["rm", "-rf", str(state)], check=False)
+
+
+_shared = LocalCluster()
+
+
+@pytest.fixture
+def local_cluster() -> Path:
+    """Function-scoped on purpose: the cluster may have been taken down and
+    started again since the last test that asked."""
+    if os.environ.get("SUNK_KUBECONFIG") or os.environ.get("SUNK_TESTBED_STATE"):
+        pytest.skip("`sunk local up` starts its own control plane")
+    return _shared.up()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if FIXTURE not in getattr(item, "fixturenames", ()):
+        return
+    if nextitem is None or FIXTURE not in getattr(nextitem, "fixturenames", ()):
+        _shared.down()
+
+
+def pytest_sessionfinish() -> None:
+    _shared.down()
