@@ -70,7 +70,7 @@ from sunk.scheduler.decide import (
     deleting,
     pod_annotations,
 )
-from sunk.scheduler.jobs import JobIndex
+from sunk.scheduler.jobs import IDS_KEPT, JobIndex, RecentIds
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.pod_writes import (
     job_id_patch,
@@ -188,6 +188,10 @@ class Scheduler:
         )
         # Pod uid → when this process first saw it pending: the bind latency's start.
         self._first_seen: dict[str, float] = {}
+        # Pods this process asked the apiserver to delete: the informer may still
+        # show one without its deletionTimestamp, and a second delete of a
+        # terminating pod succeeds again (one eviction, one Event, one count).
+        self._evicted: RecentIds[str] = RecentIds(IDS_KEPT)
 
     # -- indexes and wake-ups -------------------------------------------------------
 
@@ -516,9 +520,10 @@ class Scheduler:
         self, pods: Sequence[Pod], job_id: int | None, job: Job | None, why: str
     ) -> None:
         for pod in pods:
-            if deleting(pod):
+            if deleting(pod) or _pod_uid(pod) in self._evicted:
                 continue
             assert pod.metadata is not None
+            self._evicted.add(_pod_uid(pod))
             log.info("evict %s/%s: %s", pod.metadata.namespace, pod.metadata.name, why)
             self.metrics.evictions.labels(state=job.state if job is not None else "GONE").inc()
             await self._events.emit(pod, "Evicted", why, action="Evicting", type_="Warning")

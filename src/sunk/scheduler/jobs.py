@@ -19,7 +19,8 @@ No I/O: the loop (`controller.py`) feeds it events and asks it questions.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Generic, TypeVar
 
 from lightkube.resources.core_v1 import Pod
 
@@ -33,14 +34,17 @@ from sunk.slurm.models import Job
 IDS_KEPT = 100_000
 
 
-class RecentIds:
-    """A set of job ids that keeps the newest `size`."""
+Id = TypeVar("Id", bound=Hashable)
+
+
+class RecentIds(Generic[Id]):
+    """A set of ids (job ids, pod uids) that keeps the newest `size`."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._ids: dict[int, None] = {}  # insertion order: oldest first
+        self._ids: dict[Id, None] = {}  # insertion order: oldest first
 
-    def add(self, job_id: int) -> None:
+    def add(self, job_id: Id) -> None:
         self._ids[job_id] = None
         if len(self._ids) > self._size:
             del self._ids[next(iter(self._ids))]
@@ -81,8 +85,8 @@ class JobIndex:
         self._uncertain: dict[str, float] = {}
         # Jobs cancelled because their gang fell apart before binding: a gang made
         # whole again gets a new job, and the old one is no reason to evict it.
-        self._dropped = RecentIds(ids_kept)
-        self._forgotten = RecentIds(ids_kept)  # job ids Slurm no longer knows
+        self._dropped: RecentIds[int] = RecentIds(ids_kept)
+        self._forgotten: RecentIds[int] = RecentIds(ids_kept)  # job ids Slurm no longer knows
 
     # -- pods ----------------------------------------------------------------------
 
