@@ -33,6 +33,7 @@ from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm import (
     Change,
     FileKey,
+    Job,
     JobEvent,
     JobSpec,
     JobUpdate,
@@ -135,6 +136,16 @@ async def eventually(what: str, check: Callable[[], Awaitable[T | None]], timeou
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.1)
+
+
+async def running_job(slurm: SlurmClient, job_id: int, what: str = "the job running") -> Job:
+    """The job once RUNNING (other tests' jobs may hold the nodes for a moment)."""
+
+    async def running() -> Job | None:
+        job = await slurm.job(job_id)
+        return job if job is not None and job.state == "RUNNING" else None
+
+    return await eventually(what, running, timeout=45)
 
 
 async def next_event(
@@ -428,19 +439,11 @@ async def test_submit_read_update_signal_cancel(slurm: SlurmClient, bed: Bed) ->
     )
     submitted = await slurm.submit(spec)
     try:
-
-        async def running() -> bool:
-            job = await slurm.job(submitted.job_id)
-            return job is not None and job.state == "RUNNING"
-
-        # Other tests' jobs may hold the nodes for a moment on a busy machine.
-        await eventually("the job running", running, timeout=45)
-        job = await slurm.job(submitted.job_id)
-        assert job is not None
-        assert job.name == spec.name
-        assert job.comment == "sunk-port"
-        assert job.user_name == "root"
-        assert job.nodes in bed.access.nodes
+        started = await running_job(slurm, submitted.job_id)
+        assert started.name == spec.name
+        assert started.comment == "sunk-port"
+        assert started.user_name == "root"
+        assert started.nodes in bed.access.nodes
         listing = await slurm.jobs()
         assert listing is not None
         assert submitted.job_id in {j.job_id for j in listing.items}
@@ -484,13 +487,8 @@ async def test_a_token_naming_a_uid_acts_as_that_user(slurm: SlurmClient, bed: B
     that user, and the user may end it."""
     tenant = slurm.acting_as(JwtMinter(FileKey(bed.access.jwt_key), str(PLAIN_UID)))
     others = await slurm.submit(sleeper())  # root's
-
-    async def running() -> bool:
-        job = await slurm.job(others.job_id)
-        return job is not None and job.state == "RUNNING"
-
     # A pending job of higher priority would refuse the allocation (2013).
-    await eventually("root's job running", running, timeout=45)
+    await running_job(slurm, others.job_id, "root's job running")
 
     async def allocated() -> int | None:
         try:
@@ -518,6 +516,26 @@ async def test_a_token_naming_a_uid_acts_as_that_user(slurm: SlurmClient, bed: B
         assert job is None or job.state == "CANCELLED"
     finally:
         await slurm.cancel(others.job_id)
+
+
+async def test_a_running_jobs_layout_names_its_nodes(slurm: SlurmClient, bed: Bed) -> None:
+    """`GET /resources/{job_id}` (v0.0.44+): where a job runs and what it holds
+    there, the call the GPU work reads device indices from; 24.11 lacks it."""
+    if bed.suite == "trixie":
+        with pytest.raises(SlurmUnsupportedError, match="resources"):
+            await slurm.job_layout(1)
+        return
+    assert await slurm.job_layout(999_999) is None
+    submitted = await slurm.submit(sleeper())
+    try:
+        job = await running_job(slurm, submitted.job_id)
+        layout = await slurm.job_layout(submitted.job_id)
+        assert layout is not None
+        assert [node.node for node in layout] == expand(job.nodes)
+        assert layout[0].core_bitmap  # the cores it holds there
+        assert layout[0].gres == ()  # the bed's nodes have no GRES
+    finally:
+        await slurm.cancel(submitted.job_id)
 
 
 async def test_a_rejected_submission_carries_slurms_reason(slurm: SlurmClient) -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sunk.slurm import JobSpec, JobUpdate, NodeUpdate, ReservationSpec, SlurmVersionError
+from sunk.slurm import (
+    JobSpec,
+    JobUpdate,
+    NodeLayout,
+    NodeUpdate,
+    ReservationSpec,
+    SlurmVersionError,
+)
 from sunk.slurm.dialect import Dialect, choose_version, offered_endpoints
 
 DOC = {
@@ -96,3 +103,25 @@ def test_jobs_unchanged_marker() -> None:
     assert Dialect.jobs_unchanged(0, None)
     assert not Dialect.jobs_unchanged(0, 1_700_000_000)  # no jobs, but a real reply
     assert not Dialect.jobs_unchanged(3, 1_700_000_000)
+
+
+def test_a_job_layout_reads_gres_device_indices() -> None:
+    """`GET /resources/{job_id}`'s node entry, as v0.0.45's schema gives it."""
+    wire = {
+        "node": "gpu07",
+        "sockets_per_node": 2,
+        "cores_per_socket": 32,
+        "mem_alloc": 4096,
+        "core_bitmap": "0-3",
+        "channel": {"set": False, "infinite": False, "number": 0},
+        "gres": [
+            {"name": "gpu", "type": "h100", "count": 3, "index": "0-1,5"},
+            {"name": "shard", "type": "", "count": 0, "index": ""},
+        ],
+    }
+    layout = NodeLayout.model_validate(wire)
+    assert layout.node == "gpu07"
+    assert layout.mem_alloc == 4096
+    gpu, shard = layout.gres
+    assert (gpu.name, gpu.type, gpu.count, gpu.indices) == ("gpu", "h100", 3, (0, 1, 5))
+    assert shard.indices == ()

@@ -63,6 +63,7 @@ from sunk.slurm.models import (
     JobSpec,
     JobUpdate,
     Node,
+    NodeLayout,
     NodeUpdate,
     Partition,
     Reservation,
@@ -197,6 +198,10 @@ class _SubmitReply(_Reply):
 
 class _PartitionsReply(_Reply):
     partitions: list[dict[str, Any]] = []
+
+
+class _LayoutReply(_Reply):
+    nodes: list[NodeLayout] = []
 
 
 class _ReservationsReply(_Reply):
@@ -627,6 +632,27 @@ class SlurmClient:
             if job.job_id == job_id:
                 return job
         return None
+
+    async def job_layout(self, job_id: int) -> list[NodeLayout] | None:
+        """What a running job holds on each node: memory, cores, and each GRES
+        with its device indices (`scontrol show job -d`'s `GRES=gpu:2(IDX:0-1)`).
+        None if slurmctld does not know the job (or it holds nothing now).
+
+        Needs v0.0.44+ (Slurm 25.11+); raises SlurmUnsupportedError before.
+        """
+        dialect = await self.dialect()
+        self._require(dialect, "GET", "resources/{job_id}", "reading a job's resources")
+        try:
+            parsed, _ = await self._call(
+                "GET",
+                f"resources/{job_id}",
+                _LayoutReply,
+                idempotent=True,
+                not_found=frozenset([ESLURM_INVALID_JOB_ID]),
+            )
+        except SlurmNotFoundError:
+            return None
+        return parsed.nodes or None
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
         """Submit a batch job; Slurm's refusal raises SlurmApiError with its reason.

@@ -9,6 +9,7 @@ Measured against Slurm 24.11.5 (v0.0.40-v0.0.42) and 26.05.5 (v0.0.42-v0.0.45):
 |                                      | errors are invisible| (2017 unknown, 2021 done)    |
 | exclusive job                        | `exclusive: [true]` | `shared: [none]`             |
 | reservation create/delete            | -                   | v0.0.43+ (Slurm 25.05+)      |
+| a job's per-node resources (GRES idx)| -                   | v0.0.44+ (`GET /resources/`) |
 | ping `responding`, `primary`         | absent (models.py   | present                      |
 |                                      | derives them)       |                              |
 | ping `pinged`, `mode`                | present             | gone in v0.0.45 (`status`    |

@@ -203,6 +203,32 @@ class Partition(_Model):
         return cls.model_validate({**raw, "state": tuple(state)})
 
 
+class GresLayout(_Model):
+    """One kind of GRES a job holds on one node, with its device indices."""
+
+    name: str = ""  # e.g. "gpu"
+    type: str = ""  # e.g. "a100"; "" without types
+    count: int = 0
+    index: str = ""  # Slurm's device indices on the node, as "0-1,3"
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        found: list[int] = []
+        for part in filter(None, self.index.split(",")):
+            first, _, last = part.partition("-")
+            found += range(int(first), int(last or first) + 1)
+        return tuple(found)
+
+
+class NodeLayout(_Model):
+    """What a job holds on one node (`GET /resources/{job_id}`, v0.0.44+)."""
+
+    node: str
+    mem_alloc: int = 0  # MiB
+    core_bitmap: str = ""
+    gres: tuple[GresLayout, ...] = ()
+
+
 class Reservation(_Model):
     name: str
     node_list: str = ""
