@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.local_cluster import poll_ssh, ssh, sunk
+from plugins.local_cluster import kubectl, poll_ssh, ssh, sunk
 
 pytestmark = pytest.mark.e2e
 
@@ -88,13 +88,24 @@ def test_slurm_26_05_from_debian_has_no_pmix_plugin(cluster: Path) -> None:
 
 def test_ssh_reaches_only_the_nodes_of_ones_jobs_into_the_jobs_cgroup(cluster: Path) -> None:
     """From the login pod, `ssh <node>` as the researcher: refused where they
-    have no job (pam_slurm_adopt); on the node of a running job the session is
+    have no job (pam_slurm_adopt), also after sshd died and was started again;
+    on the node of a running job the session is
     in that job's extern step, and it is gone when the job is."""
     node = "compute-local-2"
     login = f"ssh -o BatchMode=yes {node}"
     # Not even a job of the test before still completing there.
     poll_ssh(cluster, f"squeue -h -w {node}", lambda out: out.strip() == "", 60, 0.5)
-    refused = sunk(cluster, "ssh", f"{login} true")
+    # sshd dies: it is started again, and the job-less user is refused by
+    # pam_slurm_adopt, not by a closed port.
+    in_pod = ("-n", "slurm", "exec", node, "-c", "slurmd", "--")
+    killed = kubectl(cluster, *in_pod, "pkill", "-x", "sshd")
+    assert killed.returncode == 0, killed.stderr
+    deadline = time.monotonic() + 15
+    while True:
+        refused = sunk(cluster, "ssh", f"{login} true")
+        if "Access denied by pam_slurm_adopt" in refused.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert refused.returncode != 0, refused.stdout
     assert "Access denied by pam_slurm_adopt" in refused.stderr, refused.stderr
     job = ssh(cluster, f"sbatch --parsable -w {node} -t 2 --wrap 'sleep 60'").strip()
