@@ -89,7 +89,8 @@ class TopologyController:
         }
         try:
             settings = parse_settings(data.get(SETTINGS_KEY))
-            wanted = plan(settings, members(self._pods.items(), labels))
+            ready_only = settings.file == "topology.conf"
+            wanted = plan(settings, members(self._pods.items(), labels, ready_only=ready_only))
         except ConfigError as error:
             self.metrics.settings_valid.set(0)
             self._report(configmap, str(error))
