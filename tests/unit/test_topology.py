@@ -58,9 +58,7 @@ def slurmd_pod(
     )
 
 
-def test_members_are_nodeset_pods_on_known_nodes_under_their_slurm_names() -> None:
-    """For 26.05 (topology.yaml) a node stays placed while its pod is not Ready
-    or being replaced; for 24.11 (topology.conf) only Ready pods count."""
+def test_members_are_ready_nodeset_pods_on_known_nodes_under_their_slurm_names() -> None:
     labels = {"k1": {ZONE: "a"}, "k2": {ZONE: "b"}, "k3": {ZONE: "b"}, "k4": {ZONE: "a"}}
     pods = [
         slurmd_pod("compute-k1", "k1"),
@@ -69,12 +67,7 @@ def test_members_are_nodeset_pods_on_known_nodes_under_their_slurm_names() -> No
         slurmd_pod("lookalike-k4", "k4", owned=False),  # a label alone makes no slurmd pod
         slurmd_pod("compute-gone", "k9"),  # its Node is gone
     ]
-    assert members(pods, labels, ready_only=False) == {
-        "compute-k1": {ZONE: "a"},
-        "compute-k2": {ZONE: "b"},
-        "compute-k3": {ZONE: "b"},
-    }
-    assert members(pods, labels, ready_only=True) == {"compute-k1": {ZONE: "a"}}
+    assert members(pods, labels) == {"compute-k1": {ZONE: "a"}}
 
 
 def settings(**raw: object) -> TopologySettings:

@@ -89,8 +89,7 @@ class TopologyController:
         }
         try:
             settings = parse_settings(data.get(SETTINGS_KEY))
-            ready_only = settings.file == "topology.conf"
-            wanted = plan(settings, members(self._pods.items(), labels, ready_only=ready_only))
+            wanted = plan(settings, members(self._pods.items(), labels))
         except ConfigError as error:
             self.metrics.settings_valid.set(0)
             self._report(configmap, str(error))

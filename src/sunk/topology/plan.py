@@ -1,20 +1,11 @@
 """What the topology ConfigMap must hold (pure).
 
-Members are the slurmd pods of NodeSets on a Node the cache knows, each under
-its pod's name (the Slurm node's) with its Node's labels. Which pods count
-depends on the Slurm release the file is for:
-
-- topology.yaml (25.05+): every such pod, Ready or not, being deleted or not.
-  26.05 places a node that registers after the topology was read, and a
-  node that leaves the topology for a moment (a slurmd pod replaced, or not
-  Ready for a while) is refused to every job that names it ("Requested
-  topology configuration is not available") until the file comes back, which
-  the kubelet's ConfigMap refresh makes seconds. So a node stays placed until
-  its pod is gone, and a replacement of the same name keeps its place.
-- topology.conf (24.11): Ready pods not being deleted. 24.11 places a dynamic
-  node only if it exists when the topology is read (one that registers after
-  that stays out of every switch until the next reconfigure), so the file
-  changes, and Slurm reconfigures, when the node is there.
+Members are the slurmd pods of NodeSets that are Ready on a Node the cache
+knows, each under its pod's name (the Slurm node's) with its Node's labels.
+Ready, not merely scheduled: 24.11 places a dynamic node only if it exists
+when the topology is read (a node that registers after that stays out of
+every switch until the next reconfigure); 26.05 would also place one that
+registers later.
 """
 
 from __future__ import annotations
@@ -43,17 +34,15 @@ from sunk.topology.settings import TopologySettings
 UNLABELLED = "unlabelled"
 
 
-def members(
-    pods: Iterable[Pod], node_labels: Mapping[str, Mapping[str, str]], *, ready_only: bool
-) -> NodeLabels:
-    """Slurm node name -> its Kubernetes node's labels, for every NodeSet pod on
-    a known Node (`ready_only`: only those Ready and not being deleted)."""
+def members(pods: Iterable[Pod], node_labels: Mapping[str, Mapping[str, str]]) -> NodeLabels:
+    """Slurm node name -> its Kubernetes node's labels, for every NodeSet pod
+    that is Ready, not being deleted, on a known Node."""
     found: dict[str, Mapping[str, str]] = {}
     for pod in pods:
         meta, spec = pod.metadata, pod.spec
-        if meta is None or spec is None or not meta.name or owning_nodeset(pod) is None:
+        if meta is None or spec is None or not meta.name or meta.deletionTimestamp is not None:
             continue
-        if ready_only and (meta.deletionTimestamp is not None or not pod_ready(pod)):
+        if owning_nodeset(pod) is None or not pod_ready(pod):
             continue
         labels = node_labels.get(spec.nodeName or "")
         if labels is not None:
