@@ -187,6 +187,16 @@ async def test_an_eviction_waits_for_the_nodes_slurm_job(cluster: Path) -> None:
         await kube.create(eviction, name=name, namespace=namespace)
         out = await asyncio.to_thread(ssh, cluster, f"sacct -n -X -j {job} -o State")
         assert "COMPLETED" in out, out
+        # The node serves again once its new slurmd pod is Ready and back in the
+        # topology, seconds later: the next tests name it.
+        await asyncio.to_thread(
+            poll_ssh,
+            cluster,
+            f"srun -w {slurm_node} -t 1 true && echo served || true",
+            lambda out: "served" in out,
+            120,
+            1,
+        )
     finally:
         await kube.close()
 
