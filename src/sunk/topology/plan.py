@@ -4,8 +4,9 @@ Members are the slurmd pods of NodeSets that are Ready on a Node the cache
 knows, each under its pod's name (the Slurm node's) with its Node's labels.
 Ready, not merely scheduled: 24.11 places a dynamic node only if it exists
 when the topology is read (a node that registers after that stays out of
-every switch until the next reconfigure); 26.05 would also place one that
-registers later.
+every switch until the next reconfigure), and 26.05.5 refused a new
+cluster's first jobs when the file named nodes before they registered
+("Requested node configuration is not available"; docs/training.md).
 """
 
 from __future__ import annotations
