@@ -108,7 +108,10 @@ async def place_through_slurm(kube: AsyncClient, info: dict[str, Any], name: str
         current = await kube.get(Pod, name, namespace="default")
         return bool(current.spec and current.spec.nodeName)
 
-    await wait_for(f"pod {name} bound through Slurm", bound, timeout=60)
+    # Usually seconds; twice in session 13 the scheduler first acted on the pod
+    # about a minute after its creation, just after the cluster came up (not
+    # explained yet: issue 16's note).
+    await wait_for(f"pod {name} bound through Slurm", bound, timeout=150)
 
 
 async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: Path) -> None:
