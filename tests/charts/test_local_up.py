@@ -141,6 +141,9 @@ async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: P
 
         await wait_for("the pod's Slurm job to end", job_ended, timeout=60)
     finally:
+        # Never leave the pod (and its job) to the next tests.
+        with contextlib.suppress(ApiError):
+            await kube.delete(Pod, "inference", namespace="default")
         await kube.close()
 
 
