@@ -25,7 +25,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from plugins.local_cluster import kubectl, poll_ssh, ssh, summary, sunk
 from plugins.slurm_pods import wait_for
@@ -190,19 +190,23 @@ async def test_an_eviction_waits_for_the_nodes_slurm_job(cluster: Path) -> None:
         assert await running()  # the refusal was for this job
 
         await wait_for("the job to end and the label to follow", lambda: labelled("false"), 90)
+        topology = await kube.get(ConfigMap, "slurm-topology", namespace=namespace)
         await kube.create(eviction, name=name, namespace=namespace)
         out = await asyncio.to_thread(ssh, cluster, f"sacct -n -X -j {job} -o State")
         assert "COMPLETED" in out, out
-        # The node serves again once its new slurmd pod is Ready and back in the
-        # topology, seconds later: the next tests name it.
-        await asyncio.to_thread(
-            poll_ssh,
-            cluster,
-            f"srun -w {slurm_node} -t 1 true && echo served || true",
-            lambda out: "served" in out,
-            120,
-            1,
-        )
+        # While its slurmd pod is replaced the node stays in the topology (the
+        # ConfigMap is not even written), so a job that names it waits for it
+        # rather than being refused, and runs once the new slurmd registers.
+        waiting = (
+            await asyncio.to_thread(
+                ssh, cluster, f"sbatch --parsable -w {slurm_node} -t 1 --wrap true"
+            )
+        ).strip()
+        assert await asyncio.to_thread(wait_job_ended, cluster, waiting, 120) == "COMPLETED"
+        after = await kube.get(ConfigMap, "slurm-topology", namespace=namespace)
+        assert after.metadata is not None
+        assert topology.metadata is not None
+        assert after.metadata.resourceVersion == topology.metadata.resourceVersion
     finally:
         await kube.close()
 

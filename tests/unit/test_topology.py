@@ -23,7 +23,7 @@ from sunk.topology.build import (
     render_topology_yaml,
     tree_from_labels,
 )
-from sunk.topology.plan import UNLABELLED, members, plan
+from sunk.topology.plan import UNLABELLED, members, plan, ready_slurmd
 from sunk.topology.problems import ConfigError
 from sunk.topology.settings import TopologySettings, parse_settings
 
@@ -58,8 +58,7 @@ def slurmd_pod(
     )
 
 
-def test_members_are_ready_nodeset_pods_on_known_nodes_under_their_slurm_names() -> None:
-    labels = {"k1": {ZONE: "a"}, "k2": {ZONE: "b"}, "k3": {ZONE: "b"}, "k4": {ZONE: "a"}}
+def test_a_node_enters_when_its_nodeset_pod_is_ready_on_a_known_node() -> None:
     pods = [
         slurmd_pod("compute-k1", "k1"),
         slurmd_pod("compute-k2", "k2", ready=False),  # slurmd not registered yet
@@ -67,7 +66,27 @@ def test_members_are_ready_nodeset_pods_on_known_nodes_under_their_slurm_names()
         slurmd_pod("lookalike-k4", "k4", owned=False),  # a label alone makes no slurmd pod
         slurmd_pod("compute-gone", "k9"),  # its Node is gone
     ]
-    assert members(pods, labels) == {"compute-k1": {ZONE: "a"}}
+    ready = ready_slurmd(pods)
+    assert ready == {"compute-k1": "k1", "compute-gone": "k9"}
+    assert members(ready, {"k1", "k2", "k3", "k4"}, {}, set()) == {"compute-k1": "k1"}
+
+
+def test_a_placed_node_stays_while_slurm_has_it_whatever_its_pod_does() -> None:
+    """A replaced or flapping slurmd pod keeps its node in the file: a node
+    out of it is refused to jobs that name it until it is back."""
+    nodes = {"k1", "k2", "k3"}
+    placed = {"compute-k1": "k1", "compute-k2": "k2", "compute-k3": "k3"}
+    # compute-k1's pod is being replaced, compute-k2's not Ready; Slurm has both.
+    # compute-k3 was deleted from Slurm (its pod gone for good): it leaves.
+    slurm = {"compute-k1", "compute-k2"}
+    assert members({}, nodes, placed, slurm) == {"compute-k1": "k1", "compute-k2": "k2"}
+    # Slurm not known at the moment: nothing leaves.
+    assert members({}, nodes, placed, None) == placed
+    # A Ready pod places its node where it runs now; a Node that is gone places nothing.
+    assert members({"compute-k1": "k3"}, {"k2", "k3"}, placed, slurm) == {
+        "compute-k1": "k3",
+        "compute-k2": "k2",
+    }
 
 
 def settings(**raw: object) -> TopologySettings:

@@ -17,7 +17,7 @@ from sunk.nodeset.controller import NodeSetController
 from sunk.nodeset.metrics import NodeSetMetrics
 from sunk.nodeset.slurm_adapter import SlurmPortForNodeSets
 from sunk.slurm.view import SlurmView
-from sunk.topology.controller import TopologyController
+from sunk.topology.controller import TopologyController, slurm_node_names
 from sunk.topology.metrics import TopologyMetrics
 
 
@@ -48,7 +48,9 @@ async def run_operator(config: OperatorConfig) -> None:
         )
 
     async def lead(wiring: Wiring) -> None:
-        async with asyncio.TaskGroup() as group:
+        # One view of Slurm's nodes for both: the topology controller asks it
+        # which nodes Slurm still has.
+        async with SlurmView(wiring.slurm, watch_jobs=False) as view, asyncio.TaskGroup() as group:
             if config.topology_configmap is not None:
                 namespace, name = config.topology_configmap
                 topology = TopologyController(
@@ -57,21 +59,17 @@ async def run_operator(config: OperatorConfig) -> None:
                     configmap=name,
                     identity=wiring.identity,
                     metrics=topology_metrics,
+                    slurm_nodes=slurm_node_names(view),
                 )
                 group.create_task(topology.run())
-            group.create_task(lead_nodesets(wiring))
-
-    async def lead_nodesets(wiring: Wiring) -> None:
-        async with SlurmView(wiring.slurm, watch_jobs=False) as view:
-            port = SlurmPortForNodeSets(wiring.slurm, view)
             controller = NodeSetController(
                 wiring.kube,
-                port,
+                SlurmPortForNodeSets(wiring.slurm, view),
                 namespace=config.namespace,
                 workers=config.workers,
                 identity=wiring.identity,
                 metrics=metrics,
             )
-            await controller.run()
+            group.create_task(controller.run())
 
     await run_elected("sunk-operator", kube, config.slurm, config.election, lead)

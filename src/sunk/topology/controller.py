@@ -5,25 +5,34 @@ ConfigMap itself queues it after a short settle time, so a rack that joins at
 once is one write (and one Slurm reconfigure), not one per node. The
 reconcile is level-triggered: it reads the caches, plans (`plan.plan`) and
 replaces the ConfigMap only when its topology file differs, guarded by the
-resourceVersion it read. It needs no Slurm access: the slurm chart's
-reconfigure sidecar applies the file.
+resourceVersion it read. The slurm chart's reconfigure sidecar applies the file.
+
+Which Kubernetes Node placed each Slurm node is kept on the ConfigMap itself
+(annotation `sunk.dev/topology-nodes`), so a restart keeps a node whose pod
+is being replaced where it was. Such a node leaves once Slurm no longer has
+it: the controller reads the names of Slurm's nodes from the operator's
+Slurm view (`SlurmNodeNames`), and looks again every `RECHECK_SECONDS` while
+a node is placed without a Ready pod.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
+from collections.abc import Callable, Collection
 
 from lightkube import AsyncClient, operators
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
-from sunk.api import LABEL_NODESET
+from sunk.api import DOMAIN, LABEL_NODESET
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Informer
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
+from sunk.slurm.view import SlurmView
 from sunk.topology.metrics import TopologyMetrics
-from sunk.topology.plan import Plan, members, plan
+from sunk.topology.plan import Plan, members, plan, ready_slurmd
 from sunk.topology.problems import ConfigError
 from sunk.topology.settings import SETTINGS_KEY, TOPOLOGY_FILES, parse_settings
 
@@ -31,6 +40,17 @@ log = logging.getLogger(__name__)
 
 CONTROLLER = "sunk.dev/topology"
 SETTLE_SECONDS = 1.0
+# Slurm node name -> the Kubernetes Node that placed it, as JSON.
+ANNOTATION_PLACED = f"{DOMAIN}/topology-nodes"
+# While a node is placed without a Ready pod: how often to ask whether Slurm still has it.
+RECHECK_SECONDS = 15.0
+
+# The names of the nodes Slurm has now; None when that is not known.
+SlurmNodeNames = Callable[[], Collection[str] | None]
+
+
+def slurm_node_names(view: SlurmView) -> SlurmNodeNames:
+    return lambda: frozenset(view.nodes()) if view.fresh else None
 
 
 class TopologyController:
@@ -43,8 +63,10 @@ class TopologyController:
         identity: str | None = None,
         metrics: TopologyMetrics | None = None,
         settle: float = SETTLE_SECONDS,
+        slurm_nodes: SlurmNodeNames = lambda: None,
     ) -> None:
         self._kube = kube
+        self._slurm_nodes = slurm_nodes
         self._key = f"{namespace}/{configmap}"
         self._settle = settle
         self.metrics = metrics or TopologyMetrics()
@@ -87,9 +109,15 @@ class TopologyController:
             for node in self._nodes.items()
             if node.metadata and node.metadata.name
         }
+        annotations = dict((configmap.metadata and configmap.metadata.annotations) or {})
+        ready = ready_slurmd(self._pods.items())
+        placed = members(
+            ready, labels, _placed(annotations.get(ANNOTATION_PLACED)), self._slurm_nodes()
+        )
+        recheck = Result(requeue_after=RECHECK_SECONDS) if placed.keys() - ready.keys() else None
         try:
             settings = parse_settings(data.get(SETTINGS_KEY))
-            wanted = plan(settings, members(self._pods.items(), labels))
+            wanted = plan(settings, {name: labels[node] for name, node in placed.items()})
         except ConfigError as error:
             self.metrics.settings_valid.set(0)
             self._report(configmap, str(error))
@@ -99,17 +127,22 @@ class TopologyController:
         self.metrics.placed.set(wanted.placed)
         self.metrics.unplaced.set(len(wanted.unplaced))
         new = {k: v for k, v in data.items() if k not in TOPOLOGY_FILES} | wanted.files
-        if new == data:
-            return None
+        record = json.dumps(dict(sorted(placed.items())), separators=(",", ":"))
+        if new == data and annotations.get(ANNOTATION_PLACED) == record:
+            return recheck
         written = copy.deepcopy(configmap)  # the cache's own object stays as the apiserver sent it
         written.data = new
+        assert written.metadata is not None  # an object from the apiserver has metadata
+        written.metadata.annotations = annotations | {ANNOTATION_PLACED: record}
         # With the resourceVersion read: 409 if it changed meanwhile, and retried.
         await self._kube.replace(written)
+        if new == data:
+            return recheck
         self.metrics.writes.inc()
         note = _summary(wanted)
         log.info("topology %s written: %s", key, note)
         self._events.emit_soon(configmap, "TopologyWritten", note, action="Write")
-        return None
+        return recheck
 
     def _report(self, configmap: ConfigMap, problem: str) -> None:
         if problem == self._reported:
@@ -128,3 +161,15 @@ def _summary(wanted: Plan) -> str:
         shown = ", ".join(wanted.unplaced[:10]) + (" ..." if len(wanted.unplaced) > 10 else "")
         note += f"; {len(wanted.unplaced)} without the topology label(s): {shown}"
     return note
+
+
+def _placed(annotation: str | None) -> dict[str, str]:
+    """The annotation's map; anything else (absent, or edited by hand into
+    something else) counts as empty: the Ready pods then place their nodes again."""
+    try:
+        value = json.loads(annotation or "{}")
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}

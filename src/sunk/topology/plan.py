@@ -1,17 +1,24 @@
 """What the topology ConfigMap must hold (pure).
 
-Members are the slurmd pods of NodeSets that are Ready on a Node the cache
-knows, each under its pod's name (the Slurm node's) with its Node's labels.
+A slurmd pod of a NodeSet enters the topology when it is Ready on a Node the
+cache knows, under its pod's name (the Slurm node's) with its Node's labels.
 Ready, not merely scheduled: 24.11 places a dynamic node only if it exists
 when the topology is read (a node that registers after that stays out of
 every switch until the next reconfigure), and 26.05.5 refused a new
 cluster's first jobs when the file named nodes before they registered
 ("Requested node configuration is not available"; docs/training.md).
+
+Once in, a node stays, placed by the Node it entered from, for as long as
+Slurm has it, whatever its pod does: while a pod is replaced or its
+readiness flaps, a node out of the file is refused to every job that names
+it ("Requested topology configuration is not available") until a file naming
+it again reaches slurmctld, and each change is a reconfigure. The NodeSet
+controller deletes a Slurm node only once its pod is gone for good.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from lightkube.resources.core_v1 import Pod
@@ -35,20 +42,34 @@ from sunk.topology.settings import TopologySettings
 UNLABELLED = "unlabelled"
 
 
-def members(pods: Iterable[Pod], node_labels: Mapping[str, Mapping[str, str]]) -> NodeLabels:
-    """Slurm node name -> its Kubernetes node's labels, for every NodeSet pod
-    that is Ready, not being deleted, on a known Node."""
-    found: dict[str, Mapping[str, str]] = {}
+def ready_slurmd(pods: Iterable[Pod]) -> dict[str, str]:
+    """Slurm node name -> Kubernetes Node, of each NodeSet pod that is Ready
+    and not being deleted."""
+    found: dict[str, str] = {}
     for pod in pods:
         meta, spec = pod.metadata, pod.spec
         if meta is None or spec is None or not meta.name or meta.deletionTimestamp is not None:
             continue
-        if owning_nodeset(pod) is None or not pod_ready(pod):
-            continue
-        labels = node_labels.get(spec.nodeName or "")
-        if labels is not None:
-            found[meta.name] = labels
+        if owning_nodeset(pod) is not None and spec.nodeName and pod_ready(pod):
+            found[meta.name] = spec.nodeName
     return found
+
+
+def members(
+    ready: Mapping[str, str],
+    known_nodes: Collection[str],
+    placed: Mapping[str, str],
+    slurm_nodes: Collection[str] | None,
+) -> dict[str, str]:
+    """Slurm node name -> the Kubernetes Node whose labels place it.
+
+    `ready` is `ready_slurmd`'s answer; `placed` the same map as last written;
+    `slurm_nodes` the nodes Slurm has now, or None when that is not known
+    (then no placed node leaves). Nodes on a Node the cache lacks are out."""
+    kept = {
+        name: node for name, node in placed.items() if slurm_nodes is None or name in slurm_nodes
+    }
+    return {name: node for name, node in (kept | dict(ready)).items() if node in known_nodes}
 
 
 @dataclass(frozen=True)
