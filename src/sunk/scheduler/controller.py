@@ -328,6 +328,7 @@ class Scheduler:
 
     async def _reconcile(self, key: str) -> Result | None:
         if not self._slurm.fresh:
+            log.debug("%s waits for a fresh view of Slurm", key)
             # Look again soon: a view that was only slow turns fresh again without
             # an event (a StateEvent requeues every key after an outage).
             return Result(requeue_after=STALE_RETRY)
@@ -362,6 +363,7 @@ class Scheduler:
 
     async def _submit(self, key: str, pods: Sequence[Pod], gang: Gang | None) -> Result | None:
         if not self.ready.is_set():
+            log.debug("%s waits for the first full read of Slurm", key)
             return None  # every key is looked at again once it is
         try:
             identity = identity_of(pods[0], self._tenancy(), self._tenancy_source, self.options)
@@ -537,6 +539,7 @@ class Scheduler:
         await self._pending(pods, message)
         if self._reported.get(key) != message:
             self._reported[key] = message
+            log.warning("not placing %s: %s", key, message)
             for pod in pods:
                 await self._events.emit(
                     pod,
@@ -553,4 +556,5 @@ class Scheduler:
             if (patch := pending_job_patch(pod, job_id)) is not None:
                 await self._patch_pod(pod, patch)
             if (patch := unschedulable_patch(pod, message, now)) is not None:
+                log.info("pod %s waits: %s", _pod_name(pod), message)
                 await self._patch_pod(pod, patch, status=True)
