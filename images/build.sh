@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the three images with whatever OCI builder this machine has (docker,
+# Builds the four images with whatever OCI builder this machine has (docker,
 # podman or buildah), from the repository root as the context, with the names
 # the charts use by default. For users and CI that can pull debian:*-slim.
 #   images/build.sh [REGISTRY] [TAG_SLURM] [TAG_SUNK]
@@ -25,3 +25,5 @@ done
 "${build[@]}" --build-arg "DEBIAN_SUITE=$suite" -f images/slurm/Dockerfile -t "$registry/slurm:$slurm_tag" .
 "${build[@]}" --build-arg "DEBIAN_SUITE=$suite" -f images/login/Dockerfile -t "$registry/slurm-login:$slurm_tag" .
 "${build[@]}" -f images/sunk/Dockerfile -t "$registry/sunk:$sunk_tag" .
+# The slurm chart's in-chart LDAP directory (identity.provider ldap), versioned with sunk.
+"${build[@]}" -f images/ldap/Dockerfile -t "$registry/ldap:$sunk_tag" .

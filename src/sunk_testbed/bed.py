@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,11 @@ CLUSTER_RELEASE = "sunk"
 # The one login user of the local cluster; `sunk local ssh` logs in as it.
 USER_NAME = "researcher"
 USER_UID = 2000
+# Where the local cluster's users come from: the slurm chart's in-chart LDAP
+# directory (seeded with the researcher), so users can be added and removed
+# while it runs (docs/identity.md); SUNK_LOCAL_IDENTITY=static writes them
+# into /etc/passwd instead.
+IDENTITY = os.environ.get("SUNK_LOCAL_IDENTITY", "ldap")
 NODE_PREFIX = "local-"
 # slurm.conf KillWait, told to the scheduler: a pod's default 30 s grace period
 # fits (the scheduler refuses pods whose grace exceeds KillWait minus 1 s).
@@ -127,6 +133,8 @@ class Bed:
         # Every node pulls what the charts run while the cluster comes up: the
         # slurm image first (the config check and most pods run it).
         pull = [images.coredns.ref, images.slurm.ref, images.sunk.ref, images.login.ref]
+        if IDENTITY == "ldap":
+            pull.append(images.ldap.ref)
         node_bed.start(specs, prepared.node_bin, images.pause.ref, pull)
         log(f"{len(specs)} kubelets and containerds started in {time.monotonic() - t2:.1f}s")
         try:
@@ -191,6 +199,7 @@ class Bed:
             slurm_config={"KillWait": KILL_WAIT},
             registry=node_bed.registry.address,
             topology_levels=[charts.ZONE_LABEL],
+            identity=IDENTITY,
         )
         await charts.install(
             helm,
@@ -321,6 +330,8 @@ class Bed:
                 "login": access.login_address,
                 "user": access.user,
                 "ssh_key": str(access.ssh_key),
+                "identity": IDENTITY,
+                "home": str(self.files / "home"),
                 "nodes": access.nodes,
             },
             "images": {image.repository: image.ref for image in images.all()},

@@ -56,6 +56,7 @@ def slurm_values(
     slurm_release: str = DEFAULT_SLURM,
     registry: str = "",
     topology_levels: Sequence[str] = (),
+    identity: str = "static",
 ) -> dict[str, Any]:
     """Values of the slurm chart for the bed: one NodeSet on the nodes labelled
     `sunk.dev/pool=compute`, homes from the host's `home`, every pod from the
@@ -63,7 +64,9 @@ def slurm_values(
     tracking and task containment, `PrologFlags=Alloc,Contain`). `registry`, the
     bed registry's HOST:PORT: container jobs pull `registry.sunk.test/...` from it,
     as the nodes' containerd does. `topology_levels`: a topology/tree from these
-    node labels, which sunk's operator keeps (none: no topology plugin)."""
+    node labels, which sunk's operator keeps (none: no topology plugin).
+    `identity`: `static` (the users in /etc/passwd) or `ldap` (the chart's
+    in-chart directory, seeded with the same users and keys, on a volume)."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
     # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
     # node. The bed has no mailer.
@@ -111,14 +114,27 @@ def slurm_values(
             "image": {"repository": _repository(login), "tag": login.tag},
         },
         "identity": {
+            "provider": identity,
             "users": [{"name": u.name, "uid": u.uid, "gid": u.uid} for u in users],
             "groups": [{"name": u.name, "gid": u.uid, "members": [u.name]} for u in users],
+            **({"ldap": _ldap_server(images.ldap)} if identity == "ldap" else {}),
         },
         "containers": {"registriesConf": _registries_conf(registry) if registry else ""},
         "topology": {
             "plugin": "tree" if topology_levels else "none",
             "file": "topology.yaml" if slurm_release >= "25.05" else "topology.conf",
             "tree": {"levels": list(topology_levels)},
+        },
+    }
+
+
+def _ldap_server(image: Image) -> dict[str, Any]:
+    """The in-chart directory from the bed's image, its database on a volume."""
+    return {
+        "server": {
+            "enabled": True,
+            "image": {"repository": _repository(image), "tag": image.tag},
+            "persistence": {"storageClassName": STORAGE_CLASS},
         },
     }
 

@@ -120,6 +120,8 @@ class ImageSet:
     prometheus: Image
     # BusyBox with a marker os-release: what the container-job tests run in.
     container_test: Image
+    # Debian's OpenLDAP slapd: the slurm chart's in-chart directory (docs/identity.md).
+    ldap: Image
     coredns: Image | None = None
 
     def slurm_pair(self, release: str = DEFAULT_SLURM) -> tuple[Image, Image]:
@@ -217,6 +219,7 @@ def _specs(coredns: Path | None) -> list[_Spec]:
             (),
             Path("images/prometheus/Dockerfile"),
         ),
+        _Spec("ldap", "sunk/ldap", "dockerfile", (), Path("images/ldap/Dockerfile")),
         _Spec(
             "container_test",
             "sunk/container-test",

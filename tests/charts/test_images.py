@@ -41,3 +41,7 @@ def test_the_charts_default_to_the_images_build_sh_makes() -> None:
     for release, suite in SLURM_SUITES.items():
         assert f"{release}) suite={suite} ;;" in build
     assert f"sunk_tag=${{3:-{cluster['image']['tag']}}}" in build
+    # The in-chart LDAP directory (identity.provider ldap) is versioned with sunk.
+    ldap = slurm["identity"]["ldap"]["server"]["image"]
+    assert ldap == {"repository": f"{registry[1]}/ldap", "tag": cluster["image"]["tag"]}
+    assert '-f images/ldap/Dockerfile -t "$registry/ldap:$sunk_tag"' in build

@@ -10,14 +10,13 @@ restarts (docs/training.md, "Topology").
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from plugins.local_cluster import kubectl, ssh
+from plugins.local_cluster import kubectl, running_slurm_pods, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -76,22 +75,8 @@ def _diagnosis(cluster: Path) -> str:
     return f"{configmap.stdout}{configmap.stderr}\n{operator.stdout}{operator.stderr}"
 
 
-def _pods(cluster: Path) -> dict[str, tuple[str, int]]:
-    """Every pod of the Slurm namespace: uid and restarts."""
-    proc = kubectl(cluster, "get", "pods", "-n", "slurm", "-o", "json")
-    assert proc.returncode == 0, proc.stderr
-    return {
-        pod["metadata"]["name"]: (
-            pod["metadata"]["uid"],
-            sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", [])),
-        )
-        for pod in json.loads(proc.stdout)["items"]
-        if not pod["metadata"]["name"].startswith("slurm-validate")
-    }
-
-
 def test_a_relabelled_node_changes_switch_and_switches_1_jobs_follow(cluster: Path) -> None:
-    before = _pods(cluster)
+    before = running_slurm_pods(cluster)
     try:
         took = _wait_for_leaves(cluster, AT_UP)
         print(f"after up -> scontrol show topology: {took:.1f}s")
@@ -111,7 +96,7 @@ def test_a_relabelled_node_changes_switch_and_switches_1_jobs_follow(cluster: Pa
         took = _wait_for_leaves(cluster, AT_UP)
         print(f"relabel back -> scontrol show topology: {took:.1f}s")
 
-    assert _pods(cluster) == before  # nothing restarted, nothing replaced
+    assert running_slurm_pods(cluster) == before  # nothing restarted, nothing replaced
     events = kubectl(
         cluster,
         "get", "events", "-n", "slurm",

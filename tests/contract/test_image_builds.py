@@ -115,6 +115,7 @@ def test_every_image_is_served_by_its_digest(images: ImageSet, registry: str) ->
         "sunk/coredns",
         "sunk/prometheus",
         "sunk/container-test",
+        "sunk/ldap",
     }
     for image in images.all():
         assert image.ref == f"{REGISTRY_HOST}/{image.repository}:{image.tag}"
@@ -158,16 +159,33 @@ def test_the_bed_registry_is_read_only(images: ImageSet, registry: str, tmp_path
 
 
 def test_slurm_images_hold_the_daemons(images: ImageSet, registry: str, tmp_path: Path) -> None:
-    files, read = pulled(registry, images.slurm, tmp_path, read=("etc/passwd",))
-    for daemon in ("slurmctld", "slurmd", "slurmdbd", "slurmrestd", "munged", "sshd"):
+    files, read = pulled(registry, images.slurm, tmp_path, read=("etc/passwd", "etc/nsswitch.conf"))
+    for daemon in ("slurmctld", "slurmd", "slurmdbd", "slurmrestd", "munged", "sshd", "nslcd"):
         assert f"usr/sbin/{daemon}" in files, daemon
     assert b"slurm:x:64030:64030:" in read["etc/passwd"]
+    # nslcd's NSS module is there for identity.provider ldap, unused until the chart asks.
+    assert [path for path in files if path.endswith("/libnss_ldap.so.2")]
+    assert b"ldap" not in read["etc/nsswitch.conf"]
     assert not [path for path in files if path.startswith("var/lib/apt/lists/deb.")]
     assert not [path for path in files if path.startswith("usr/share/man/")], "not slim"
     assert config_of(registry, images.slurm)["Cmd"] == ["slurmctld", "-D"]
     login = config_of(registry, images.login)
     assert login["Cmd"] == ["/usr/sbin/sshd", "-D", "-e"]
     assert "22/tcp" in login["ExposedPorts"]
+
+
+def test_ldap_image_holds_slapd_and_no_directory(
+    images: ImageSet, registry: str, tmp_path: Path
+) -> None:
+    files, read = pulled(registry, images.ldap, tmp_path, read=("etc/passwd",))
+    for tool in ("usr/sbin/slapd", "usr/sbin/slapadd", "usr/bin/ldapadd", "usr/sbin/slappasswd"):
+        assert tool in files, tool
+    # The chart grants this fixed uid the directory's management over ldapi://.
+    assert b"openldap:x:64035:64035:" in read["etc/passwd"]
+    # No baked configuration or database: the chart makes both at start.
+    baked = [p for p in files if p.startswith(("etc/ldap/slapd.d/", "var/lib/ldap/"))]
+    assert not [p for p in baked if files[p].isfile()]
+    assert config_of(registry, images.ldap)["User"] == "64035:64035"
 
 
 def test_sunk_image_runs_sunk_as_non_root(images: ImageSet, registry: str, tmp_path: Path) -> None:

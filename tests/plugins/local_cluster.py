@@ -74,6 +74,25 @@ def kubectl(
     )
 
 
+def running_slurm_pods(state: Path) -> dict[str, tuple[str, int]]:
+    """Every running pod of the Slurm namespace: its uid and the restarts of its
+    containers (init ones too), to show that nothing was restarted or replaced."""
+    proc = kubectl(state, "get", "pods", "-n", "slurm", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    return {
+        pod["metadata"]["name"]: (
+            pod["metadata"]["uid"],
+            sum(
+                c.get("restartCount", 0)
+                for c in pod["status"].get("containerStatuses", [])
+                + pod["status"].get("initContainerStatuses", [])
+            ),
+        )
+        for pod in json.loads(proc.stdout)["items"]
+        if pod["status"].get("phase") == "Running"
+    }
+
+
 class LocalCluster:
     """The shared cluster's state directory, started on first use."""
 

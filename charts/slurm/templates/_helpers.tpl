@@ -87,6 +87,23 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
       install -d -o munge -g munge -m 0755 /run/munge
       cat /etc/passwd /identity/passwd > /etc-identity/passwd
       cat /etc/group /identity/group > /etc-identity/group
+      {{- if include "slurm.ldap" .root }}
+      # nslcd's config, the bind password appended from the Secret (a shell
+      # builtin: never on a command line), readable by nslcd's uid only.
+      install -d -o {{ .root.Values.ids.nslcd }} -g {{ .root.Values.ids.nslcd }} -m 0700 /nslcd-conf
+      # The socket's directory is nslcd's: no user (a login shell, a job) may
+      # replace the socket with one of their own that root's queries would ask.
+      install -d -o {{ .root.Values.ids.nslcd }} -g {{ .root.Values.ids.nslcd }} -m 0755 /nslcd-run
+      (umask 077
+      {{- if include "slurm.ldapBindDN" .root }}
+      { cat /identity/nslcd.conf; printf 'bindpw %s\n' "$(cat /secrets/ldap/bind-password)"; } > /nslcd-conf/nslcd.conf
+      {{- else }}
+      cat /identity/nslcd.conf > /nslcd-conf/nslcd.conf
+      {{- end }}
+      )
+      chown {{ .root.Values.ids.nslcd }}:{{ .root.Values.ids.nslcd }} /nslcd-conf/nslcd.conf
+      chmod 0400 /nslcd-conf/nslcd.conf
+      {{- end }}
       {{- with .extra }}
       {{- . | nindent 6 }}
       {{- end }}
@@ -101,6 +118,13 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
     - {name: munge-run, mountPath: /run/munge}
     - {name: identity, mountPath: /identity}
     - {name: etc-identity, mountPath: /etc-identity}
+    {{- if include "slurm.ldap" .root }}
+    - {name: nslcd-conf, mountPath: /nslcd-conf}
+    - {name: nslcd-run, mountPath: /nslcd-run}
+    {{- if include "slurm.ldapBindDN" .root }}
+    - {name: ldap-secret, mountPath: /secrets/ldap, readOnly: true}
+    {{- end }}
+    {{- end }}
     {{- with .mounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -120,6 +144,35 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
   volumeMounts:
     - {name: munge-etc, mountPath: /etc/munge}
     - {name: munge-run, mountPath: /run/munge}
+{{- if include "slurm.ldap" .root }}
+{{- /* Directory users: nslcd answers the pod's NSS queries (its socket in
+  /run/nslcd) from LDAP on every call, no cache, so a user added or removed
+  counts at once. Non-root, no capabilities: it only reads the directory. */}}
+- name: nslcd
+  image: {{ include "slurm.image" .root }}
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  restartPolicy: Always
+  command: [nslcd, --nofork]
+  securityContext:
+    runAsUser: {{ .root.Values.ids.nslcd }}
+    runAsGroup: {{ .root.Values.ids.nslcd }}
+    runAsNonRoot: true
+    readOnlyRootFilesystem: true
+    allowPrivilegeEscalation: false
+    capabilities: {drop: [ALL]}
+    seccompProfile: {type: RuntimeDefault}
+  startupProbe:
+    exec:
+      command: [test, -S, /run/nslcd/socket]
+    periodSeconds: 1
+    failureThreshold: 60
+  resources:
+    requests: {cpu: 10m, memory: 16Mi}
+  volumeMounts:
+    # The file the prepare container wrote (nslcd before 0.9.13 reads no other path).
+    - {name: nslcd-conf, mountPath: /etc/nslcd.conf, subPath: nslcd.conf, readOnly: true}
+    - {name: nslcd-run, mountPath: /run/nslcd}
+{{- end }}
 {{- end -}}
 
 {{- define "slurm.mungeVolumes" -}}
@@ -133,12 +186,77 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
   configMap:
     name: {{ include "slurm.fullname" . }}-identity
 - {name: etc-identity, emptyDir: {}}
+{{- if include "slurm.ldap" . }}
+- {name: nslcd-conf, emptyDir: {medium: Memory}}
+- {name: nslcd-run, emptyDir: {}}
+{{- if include "slurm.ldapBindDN" . }}
+- name: ldap-secret
+  secret:
+    secretName: {{ include "slurm.ldapSecret" . }}
+    defaultMode: 0400
+    items:
+      - {key: bind-password, path: bind-password}
+{{- end }}
+{{- end }}
 {{- end -}}
 
-{{/* /etc/passwd and /etc/group with the identity provider's users. */}}
+{{/* /etc/passwd and /etc/group with the identity provider's users; with
+  ldap, an nsswitch.conf that asks nslcd after the files, and its socket. */}}
 {{- define "slurm.identityMounts" -}}
 - {name: etc-identity, mountPath: /etc/passwd, subPath: passwd, readOnly: true}
 - {name: etc-identity, mountPath: /etc/group, subPath: group, readOnly: true}
+{{- if include "slurm.ldap" . }}
+- {name: identity, mountPath: /etc/nsswitch.conf, subPath: nsswitch.conf, readOnly: true}
+- {name: nslcd-run, mountPath: /run/nslcd}
+{{- end }}
+{{- end -}}
+
+{{/* What the pods' identity files come from (a change rolls them); the
+  ldap settings count only with that provider. */}}
+{{- define "slurm.identityChecksum" -}}
+{{- $identity := ternary .Values.identity (omit .Values.identity "ldap") (eq .Values.identity.provider "ldap") -}}
+{{- list $identity .Values.admins | toJson | sha256sum | trunc 16 -}}
+{{- end -}}
+
+{{/* identity.provider ldap (docs/identity.md): "true" or "". */}}
+{{- define "slurm.ldap" -}}
+{{- if eq .Values.identity.provider "ldap" }}true{{- end -}}
+{{- end -}}
+{{- define "slurm.ldapServer" -}}
+{{- if and (include "slurm.ldap" .) .Values.identity.ldap.server.enabled }}true{{- end -}}
+{{- end -}}
+{{- define "slurm.ldapName" -}}{{ include "slurm.fullname" . }}-ldap{{- end -}}
+{{- define "slurm.ldapSecret" -}}{{ .Values.identity.ldap.existingSecret | default (printf "%s-ldap" (include "slurm.fullname" .)) }}{{- end -}}
+{{- define "slurm.ldapUri" -}}
+{{- .Values.identity.ldap.uri | default (printf "ldap://%s.%s.svc.%s:389" (include "slurm.ldapName" .) .Release.Namespace .Values.clusterDomain) -}}
+{{- end -}}
+{{/* The read-only bind: given, the in-chart directory's reader, or "" (anonymous). */}}
+{{- define "slurm.ldapBindDN" -}}
+{{- if include "slurm.ldap" . -}}
+{{- if .Values.identity.ldap.bindDN -}}{{ .Values.identity.ldap.bindDN }}
+{{- else if .Values.identity.ldap.server.enabled -}}cn=reader,{{ .Values.identity.ldap.baseDN }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- define "slurm.ldapUsersDN" -}}{{ .Values.identity.ldap.usersDN | default (printf "ou=people,%s" .Values.identity.ldap.baseDN) }}{{- end -}}
+{{- define "slurm.ldapGroupsDN" -}}{{ .Values.identity.ldap.groupsDN | default (printf "ou=groups,%s" .Values.identity.ldap.baseDN) }}{{- end -}}
+{{/* Refuses identity values that contradict each other, naming the field. */}}
+{{- define "slurm.identityCheck" -}}
+{{- if include "slurm.ldap" . -}}
+{{- $l := .Values.identity.ldap -}}
+{{- if and $l.uri $l.server.enabled -}}
+{{- fail "identity.ldap: set uri (an external directory) or server.enabled (the in-chart one), not both" -}}
+{{- end -}}
+{{- if not (or $l.uri $l.server.enabled) -}}
+{{- fail "identity.ldap: set uri (an external directory) or server.enabled: true (the in-chart one)" -}}
+{{- end -}}
+{{- if and $l.server.enabled (or $l.usersDN $l.groupsDN) -}}
+{{- fail "identity.ldap.usersDN/groupsDN: the in-chart directory keeps users in ou=people and groups in ou=groups" -}}
+{{- end -}}
+{{- if and $l.uri $l.bindDN (not $l.existingSecret) -}}
+{{- fail "identity.ldap.existingSecret: a Secret with bind-password is needed to bind as identity.ldap.bindDN" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The key Secrets the keys hook makes (those not given): "name kind" lines. */}}
@@ -158,6 +276,9 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- if and (include "slurm.computeSsh" .) (not .Values.slurmd.ssh.existingHostKeysSecret) }}
 {{ include "slurm.computeHostKeysSecret" . }} ssh-host
 {{- end }}
+{{- if and (include "slurm.ldapServer" .) (not .Values.identity.ldap.existingSecret) }}
+{{ include "slurm.ldapSecret" . }} ldap
+{{- end }}
 {{- end -}}
 
 {{/* Whether the compute pods mount the job-scripts ConfigMap (prolog, epilog, health checks). */}}
@@ -171,17 +292,35 @@ Port 22
 HostKey /etc/ssh/host-keys/ssh_host_ed25519_key
 HostKey /etc/ssh/host-keys/ssh_host_ecdsa_key
 HostKey /etc/ssh/host-keys/ssh_host_rsa_key
+{{- if not (include "slurm.ldap" .) }}
 # Keys only, from the authorized-keys Secret (one file per user). Read
 # through a command: a kubelet mounts Secrets on a world-writable (1777)
 # directory, which sshd's StrictModes refuses for AuthorizedKeysFile; a
 # Secret's update reaches the next login without a restart.
+{{- end }}
 AuthorizedKeysFile none
+{{- if include "slurm.ldap" . }}
+# The directory's keys (sshPublicKey), looked up at each login by an
+# unprivileged local user that alone may read the bind password: a user
+# removed from the directory has no key, and no account, at once.
+AuthorizedKeysCommand /bin/sh /etc/ssh/chart/ldap-keys %u
+AuthorizedKeysCommandUser sunk-sshkeys
+{{- else }}
 AuthorizedKeysCommand /usr/bin/cat /etc/ssh/authorized-keys/%u
 AuthorizedKeysCommandUser nobody
+{{- end }}
+{{- if and (include "slurm.ldap" .) .Values.identity.ldap.passwordLogin }}
+# Directory passwords through PAM (pam_ldap: nslcd binds as the user).
+PasswordAuthentication yes
+KbdInteractiveAuthentication no
+PermitRootLogin no
+UsePAM yes
+{{- else }}
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin no
 UsePAM no
+{{- end }}
 PrintMotd no
 AcceptEnv LANG LC_*
 Subsystem sftp /usr/lib/openssh/sftp-server
@@ -193,4 +332,42 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 - podSelector:
     matchLabels: {{- include "slurm.selector" (dict "root" $.root "component" .) | nindent 6 }}
 {{- end }}
+{{- end -}}
+
+
+{{/* sshd's AuthorizedKeysCommand with ldap (run as sunk-sshkeys): the
+  directory's sshPublicKey values of user $1, nothing for anyone else. */}}
+{{- define "slurm.ldapKeysScript" -}}
+{{- if include "slurm.ldap" . -}}
+# Only plain user names reach the LDAP filter.
+user=$1
+case $user in ''|*[!A-Za-z0-9._-]*) exit 0 ;; esac
+set -- -LLL -x -o ldif_wrap=no -o nettimeout=5 -l 10 -H {{ include "slurm.ldapUri" . | quote }} \
+  -b {{ include "slurm.ldapUsersDN" . | quote }} "(&(objectClass=posixAccount)(uid=$user))" sshPublicKey
+{{- with include "slurm.ldapBindDN" . }}
+set -- -D {{ . | quote }} -y /run/ldap-keys/bind-password "$@"
+{{- end }}
+ldapsearch "$@" | while IFS= read -r line; do
+  case $line in
+    'sshPublicKey:: '*) printf '%s' "${line#sshPublicKey:: }" | base64 -d; echo ;;
+    'sshPublicKey: '*) printf '%s\n' "${line#sshPublicKey: }" ;;
+  esac
+done
+{{- end -}}
+{{- end -}}
+
+{{/* The login pods' PAM for sshd with identity.ldap.passwordLogin: the
+  directory's password (pam_ldap through nslcd) for directory users, whose
+  account nslcd checks too; nothing else (no pam_loginuid: containers may not
+  set it). */}}
+{{- define "slurm.ldapSshdPam" -}}
+{{- if and (include "slurm.ldap" .) .Values.identity.ldap.passwordLogin -}}
+auth    [success=1 default=ignore] pam_ldap.so minimum_uid={{ .Values.identity.ldap.minUid }}
+auth    requisite pam_deny.so
+auth    required pam_permit.so
+account [success=1 default=ignore] pam_ldap.so minimum_uid={{ .Values.identity.ldap.minUid }}
+account requisite pam_deny.so
+account required pam_permit.so
+session required pam_permit.so
+{{- end -}}
 {{- end -}}
