@@ -331,3 +331,40 @@ async def test_a_full_read_now_and_then_finds_what_incremental_reads_missed() ->
     assert fake.requests == ["full", "incremental", "full"]
     assert view.node("n1") is None
     await view.client.aclose()
+
+
+async def test_poll_after_now_waits_for_a_poll_begun_after_it_and_callers_share_it() -> None:
+    """The syncer's guard read: what a poll already under way read may predate
+    the call, so it does not count; every caller waiting at once shares the next."""
+    fake, clock = FakeSlurm(), Clock()
+    gate = asyncio.Event()
+    gate.set()
+
+    async def gated(request: httpx2.Request) -> httpx2.Response:
+        response = fake(request)  # what Slurm had when the read began
+        await gate.wait()
+        return response
+
+    client = SlurmClient(
+        "http://slurm",
+        StaticToken("root", "t"),
+        transport=httpx2.MockTransport(gated),
+        retry=RetryPolicy(attempts=1),
+    )
+    view = SlurmView(client, interval=3600, watch_jobs=False, stale_after=5, clock=clock)
+    await view.start()
+    gate.clear()  # the next poll waits at the gate
+    view.poll_now()
+    await asyncio.sleep(0.05)  # a poll is under way, blocked
+    fake.nodes = [{"name": "n1", "state": ["IDLE", "DRAIN"], "reason": "by hand"}]
+    fake.last_update = 101
+    polled = len(fake.requests)
+    guards = [asyncio.create_task(view.poll_after_now()) for _ in range(100)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    async with asyncio.timeout(2):
+        await asyncio.gather(*guards)
+    assert len(fake.requests) - polled == 1  # one more read, for all the guards
+    assert view.nodes()["n1"].reason == "by hand"
+    await view.stop()
+    await view.client.aclose()
