@@ -518,8 +518,17 @@ async def test_an_apiserver_outage_leaves_one_leader_each_and_fresh_caches(
 def test_down_then_up_brings_the_same_cluster_back(cluster: Path) -> None:
     """Last in the module: the Slurm state (accounting, the controller's state)
     lives on the bed's volumes, so jobs of before are still in sacct."""
-    before = ssh(cluster, "sacct -n -X -o JobID | sort -n | tail -1").strip()
-    assert before
+    # sacct alone, so that its failure shows (in a pipe it was an empty answer
+    # once, in CI, right after the apiserver outage test); the user's jobs of
+    # today, retried while slurmdbd may still be reconnecting.
+    jobs = poll_ssh(
+        cluster,
+        "sacct -n -X -o JobID 2>&1 || true",
+        lambda out: any(word.isdigit() for word in out.split()),
+        60,
+        2,
+    )
+    before = str(max(int(word) for word in jobs.split() if word.isdigit()))
     down = sunk(cluster, "down", timeout=300)
     assert down.returncode == 0, down.stderr
     assert Bed(cluster).leftovers() == []
