@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightkube import AsyncClient
+from lightkube import AsyncClient, codecs
 
 from sunk.kube.client import kube_client
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, ensure_binaries
 from sunk_testbed.helm import Helm, ensure_helm
-from sunk_testbed.images import ImageSet, ensure_images
+from sunk_testbed.images import ImageSet, Registry, ensure_images
 from sunk_testbed.nodes import NodeBed, NodeSpec, ensure_node_binaries
 from sunk_testbed.procs import Supervisor
 from sunk_testbed.slurm_cluster import ensure_rootfs
@@ -136,9 +136,12 @@ class Bed:
         if IDENTITY == "ldap":
             pull.append(images.ldap.ref)
         node_bed.start(specs, prepared.node_bin, images.pause.ref, pull)
+        # Where pods reach the host, as for the bed's own registry.
+        host = node_bed.registry.address.rsplit(":", 1)[0]
+        private = self.private_registry().start(host=host)
         log(f"{len(specs)} kubelets and containerds started in {time.monotonic() - t2:.1f}s")
         try:
-            access = asyncio.run(self._install(kube, node_bed, prepared, log))
+            access = asyncio.run(self._install(kube, node_bed, prepared, private, log))
         finally:
             node_bed.reap_pulls(within=30)
         self._write_summary(access, prepared.images)
@@ -147,12 +150,18 @@ class Bed:
     def node_bed(self, log: Log = print) -> NodeBed:
         return NodeBed(self.state_dir, self.supervisor, self.kube(log))
 
+    def private_registry(self) -> Registry:
+        """The same images as the nodes' registry, behind a login: container
+        jobs pull `private.sunk.test/...` from it with the chart's
+        `containers.registryAuthSecret` (docs/containers.md)."""
+        return Registry(self.state_dir, self.supervisor, name="private-registry", login=True)
+
     async def _install(
-        self, kube: KubeAccess, node_bed: NodeBed, prepared: Prepared, log: Log
+        self, kube: KubeAccess, node_bed: NodeBed, prepared: Prepared, private: str, log: Log
     ) -> BedAccess:
         client = kube_client(kube.admin_kubeconfig, "sunk-local")
         try:
-            return await self._install_with(client, kube, node_bed, prepared, log)
+            return await self._install_with(client, kube, node_bed, prepared, private, log)
         finally:
             await client.close()
 
@@ -162,6 +171,7 @@ class Bed:
         kube: KubeAccess,
         node_bed: NodeBed,
         prepared: Prepared,
+        private: str,
         log: Log,
     ) -> BedAccess:
         t0 = time.monotonic()
@@ -192,12 +202,15 @@ class Bed:
             ),
             values_file=self.files / "sunk-values.yaml",
         )
+        secret = charts.registry_auth_secret(NAMESPACE, private, *self.private_registry().login())
+        await client.apply(codecs.from_dict(secret), force=True)
         values = charts.slurm_values(
             users=[user],
             home=self.files / "home",
             images=prepared.images,
             slurm_config={"KillWait": KILL_WAIT},
             registry=node_bed.registry.address,
+            private_registry=private,
             topology_levels=[charts.ZONE_LABEL],
             identity=IDENTITY,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import json
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,11 @@ COMPUTE_POOL = "compute"
 # `sunk local up`'s topology/tree: one level, the nodes' zones.
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RESTAPI_PORT = 6820
+# A second registry of the bed's, over the same images, that asks for a login
+# (a platform team's private registry): container jobs reach it under this
+# name with the credentials of the Secret named PRIVATE_REGISTRY_PULL.
+PRIVATE_REGISTRY_HOST = "private.sunk.test"
+PRIVATE_REGISTRY_PULL = "private-registry-pull"
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ def slurm_values(
     slurm_config: Mapping[str, str | int] | None = None,
     slurm_release: str = DEFAULT_SLURM,
     registry: str = "",
+    private_registry: str = "",
     topology_levels: Sequence[str] = (),
     identity: str = "static",
 ) -> dict[str, Any]:
@@ -63,7 +70,9 @@ def slurm_values(
     bed's images of `slurm_release`. Slurm keeps the chart's production settings (cgroup process
     tracking and task containment, `PrologFlags=Alloc,Contain`). `registry`, the
     bed registry's HOST:PORT: container jobs pull `registry.sunk.test/...` from it,
-    as the nodes' containerd does. `topology_levels`: a topology/tree from these
+    as the nodes' containerd does; `private_registry`, the HOST:PORT of one that
+    asks for a login: `private.sunk.test/...`, with the credentials of the
+    Secret `registry_auth_secret()` makes. `topology_levels`: a topology/tree from these
     node labels, which sunk's operator keeps (none: no topology plugin).
     `identity`: `static` (the users in /etc/passwd) or `ldap` (the chart's
     in-chart directory, seeded with the same users and keys, on a volume)."""
@@ -119,7 +128,10 @@ def slurm_values(
             "groups": [{"name": u.name, "gid": u.uid, "members": [u.name]} for u in users],
             **({"ldap": _ldap_server(images.ldap)} if identity == "ldap" else {}),
         },
-        "containers": {"registriesConf": _registries_conf(registry) if registry else ""},
+        "containers": {
+            "registriesConf": _registries_conf(registry, private_registry) if registry else "",
+            "registryAuthSecret": PRIVATE_REGISTRY_PULL if private_registry else "",
+        },
         "topology": {
             "plugin": "tree" if topology_levels else "none",
             "file": "topology.yaml" if slurm_release >= "25.05" else "topology.conf",
@@ -139,9 +151,29 @@ def _ldap_server(image: Image) -> dict[str, Any]:
     }
 
 
-def _registries_conf(address: str) -> str:
-    """containers-registries.conf(5): the bed's registry name at its plain-HTTP address."""
-    return f'[[registry]]\nprefix = "{REGISTRY_HOST}"\nlocation = "{address}"\ninsecure = true\n'
+def _registries_conf(address: str, private: str = "") -> str:
+    """containers-registries.conf(5): the bed's registry names at their plain-HTTP addresses."""
+    names = [(REGISTRY_HOST, address)] + ([(PRIVATE_REGISTRY_HOST, private)] if private else [])
+    return "\n".join(
+        f'[[registry]]\nprefix = "{name}"\nlocation = "{at}"\ninsecure = true\n'
+        for name, at in names
+    )
+
+
+def registry_auth_secret(namespace: str, address: str, user: str, password: str) -> dict[str, Any]:
+    """The kubernetes.io/dockerconfigjson Secret of the private registry's
+    login, as a platform team's imagePullSecret: the login under the name
+    researchers use and under its address, the registry skopeo contacts after
+    registries.conf maps the name (and looks the credentials up under)."""
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    config = {"auths": {PRIVATE_REGISTRY_HOST: {"auth": auth}, address: {"auth": auth}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": PRIVATE_REGISTRY_PULL, "namespace": namespace},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()},
+    }
 
 
 def _repository(image: Image) -> str:

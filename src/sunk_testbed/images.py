@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import logging
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -458,9 +461,17 @@ def build_pause(out_dir: Path) -> Path:
 # --------------------------------------------------------------------------- registry
 
 
-def _registry_config(storage: Path, host: str, port: int, *, writable: bool) -> str:
+def _registry_config(
+    storage: Path, host: str, port: int, *, writable: bool, htpasswd: Path | None = None
+) -> str:
     # A registry has no other state than its storage; several (a bed's and a
     # build's) may share one directory. Read-only ones can never change it.
+    # With `htpasswd`, every request needs one of its logins (HTTP Basic).
+    auth = (
+        f"auth:\n  htpasswd:\n    realm: sunk\n    path: {json.dumps(str(htpasswd))}\n"
+        if htpasswd is not None
+        else ""
+    )
     return f"""version: 0.1
 log:
   level: info
@@ -476,10 +487,32 @@ storage:
       enabled: false
     readonly:
       enabled: {json.dumps(not writable)}
-http:
+{auth}http:
   addr: {host}:{port}
   secret: {secrets.token_hex(16)}
 """
+
+
+def bcrypt_hash(password: str) -> str:
+    """`password` as htpasswd's bcrypt (the one scheme docker-registry takes),
+    from the system's libcrypt (libxcrypt): no bcrypt module is installed and
+    Python's `crypt` module is gone in 3.13."""
+    libcrypt = ctypes.CDLL(ctypes.util.find_library("crypt") or "libcrypt.so.1")
+    libcrypt.crypt_gensalt.restype = ctypes.c_char_p
+    libcrypt.crypt_gensalt.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+        ctypes.c_int,
+    ]
+    libcrypt.crypt.restype = ctypes.c_char_p
+    libcrypt.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    # Cost 5 (the minimum is 4): each request is checked, and these are test logins.
+    salt = libcrypt.crypt_gensalt(b"$2y$", 5, None, 0)  # NULL: libcrypt's own random bytes
+    hashed = libcrypt.crypt(password.encode(), salt) if salt else None
+    if not hashed or not hashed.startswith(b"$2y$"):
+        raise RuntimeError("the system's libcrypt makes no bcrypt hashes")
+    return str(hashed.decode())
 
 
 class Registry:
@@ -490,6 +523,10 @@ class Registry:
 
     Its config lives in `<state_dir>/<name>/`; the process is one of the bed's
     daemons (`Supervisor`), so `stop_all` and a later session stop it too.
+
+    With `login`, it answers only requests with its one login (`login()`: a
+    user and a password made on the first start and kept in that directory),
+    as a private registry does.
     """
 
     def __init__(
@@ -500,13 +537,27 @@ class Registry:
         storage: Path | None = None,
         writable: bool = False,
         name: str = "registry",
+        login: bool = False,
     ) -> None:
         self.name = name
         self.dir = state_dir / name
         self.supervisor = supervisor
         self.storage = storage if storage is not None else registry_storage()
         self.writable = writable
+        self.needs_login = login
         self._record = self.dir / "registry.json"
+        self._login = self.dir / "login.json"
+
+    def login(self) -> tuple[str, str]:
+        """The user and password it takes (made once: a restart keeps them)."""
+        if not self._login.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            partial = self._login.with_suffix(f".{os.getpid()}.tmp")
+            partial.touch(mode=0o600)
+            partial.write_text(json.dumps({"user": "puller", "password": secrets.token_hex(16)}))
+            partial.replace(self._login)
+        record = json.loads(self._login.read_text())
+        return str(record["user"]), str(record["password"])
 
     def _recorded(self) -> tuple[str, int]:
         if self.supervisor.running(self.name) is None:
@@ -529,9 +580,16 @@ class Registry:
         self.storage.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
+        htpasswd = None
+        if self.needs_login:
+            user, password = self.login()
+            htpasswd = self.dir / "htpasswd"
+            htpasswd.write_text(f"{user}:{bcrypt_hash(password)}\n")
         config = self.dir / "config.yml"
         config.touch(mode=0o600)  # it holds the HTTP secret
-        config.write_text(_registry_config(self.storage, host, port, writable=self.writable))
+        config.write_text(
+            _registry_config(self.storage, host, port, writable=self.writable, htpasswd=htpasswd)
+        )
         self._record.write_text(json.dumps({"host": host, "port": port}))
         self.supervisor.spawn(self.name, ["docker-registry", "serve", str(config)])
         self.supervisor.wait_ready(
@@ -545,8 +603,11 @@ class Registry:
 
 def _answers(host: str, port: int) -> bool:
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-    with direct.open(f"http://{host}:{port}/v2/", timeout=1) as reply:
-        return bool(reply.status == 200)
+    try:
+        with direct.open(f"http://{host}:{port}/v2/", timeout=1) as reply:
+            return bool(reply.status == 200)
+    except urllib.error.HTTPError as error:
+        return error.code == 401  # answering, and asking for its login
 
 
 # --------------------------------------------------------------------------- build + push
