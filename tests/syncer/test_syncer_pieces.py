@@ -13,7 +13,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.events_v1 import Event
 
-from sunk.slurm.errors import SlurmStaleError
+from sunk.slurm.errors import SlurmApiError, SlurmProblem, SlurmUnavailableError
 from sunk.slurm.models import Node as SlurmNode
 from sunk.syncer import slurm_adapter
 from sunk.syncer.controller import Syncer
@@ -233,59 +233,56 @@ async def test_slurm_writes_are_guarded_by_a_read_right_before(
         assert (counted or 0) == sum(1 for write in writes if write[0] == kind)
 
 
-class FakeView:
-    """The Slurm view the guard read waits on (a port fake): its next poll
-    brings `after_poll` (None: the node is gone), hangs, or fails (stale)."""
+class FakeClient:
+    """The read the adapter makes right before a write (a port fake, not a slurmrestd)."""
 
-    def __init__(
-        self,
-        cached: SlurmNode,
-        after_poll: SlurmNode | None,
-        *,
-        hangs: bool = False,
-        fails: bool = False,
-    ) -> None:
-        self.cached: SlurmNode | None = cached
-        self.after_poll = after_poll
+    def __init__(self, answer: SlurmNode | Exception | None, *, hangs: bool = False) -> None:
+        self.answer = answer
         self.hangs = hangs
-        self.fails = fails
-        self.stale = False
 
-    async def poll_after_now(self) -> None:
+    async def node(self, name: str) -> SlurmNode | None:
         if self.hangs:
-            await asyncio.Event().wait()  # a slurmctld answering late
-        self.stale = self.fails
-        self.cached = self.after_poll
+            await asyncio.Event().wait()  # as slurmrestd 24.11 can, until its MessageTimeout
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+class FakeView:
+    def __init__(self, cached: SlurmNode) -> None:
+        self.cached = cached
 
     def node(self, name: str) -> SlurmNode | None:
-        if self.stale:
-            raise SlurmStaleError("Slurm view is stale")
         return self.cached
 
 
 CACHED = SlurmNode(name="slurmd-0", state=("IDLE",))
 NOW = SlurmNode(name="slurmd-0", state=("IDLE", "DRAIN"), reason="bad DIMM")
+REFUSED = SlurmApiError(
+    "GET", "node/slurmd-0", 500, (SlurmProblem(-1, "Unable to query partitions", ""),)
+)
 
 
 @pytest.mark.parametrize(
-    ("view", "expected"),
+    ("client", "expected"),
     [
-        pytest.param(FakeView(CACHED, NOW), NOW, id="the node as it is now"),
-        pytest.param(FakeView(CACHED, None), None, id="gone from Slurm"),
-        pytest.param(FakeView(CACHED, NOW, hangs=True), CACHED, id="a slow poll: the cached copy"),
+        pytest.param(FakeClient(NOW), NOW, id="the node as it is now"),
+        pytest.param(FakeClient(None), None, id="gone from Slurm"),
+        pytest.param(FakeClient(REFUSED), CACHED, id="a failed read: the cached copy"),
+        pytest.param(FakeClient(NOW, hangs=True), CACHED, id="a hung read: the cached copy"),
     ],
 )
-async def test_the_guard_read_is_the_views_next_poll(
-    view: FakeView, expected: SlurmNode | None, monkeypatch: pytest.MonkeyPatch
+async def test_the_guard_read_falls_back_to_the_cache(
+    client: FakeClient, expected: SlurmNode | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(slurm_adapter, "GUARD_READ_TIMEOUT", 0.01)
-    port = SlurmPortForSyncer(None, view)  # type: ignore[arg-type]
+    port = SlurmPortForSyncer(client, FakeView(CACHED))  # type: ignore[arg-type]
     read = await port.read_node("slurmd-0")
     assert read == (None if expected is None else slurm_adapter.slurm_state(expected))
 
 
-async def test_the_guard_read_raises_when_the_poll_fails() -> None:
-    """Slurm unreachable or the token refused: no write on what the cache said."""
-    port = SlurmPortForSyncer(None, FakeView(CACHED, NOW, fails=True))  # type: ignore[arg-type]
-    with pytest.raises(SlurmStaleError):
+async def test_the_guard_read_raises_when_slurm_cannot_be_reached() -> None:
+    down = SlurmUnavailableError("GET", "node/slurmd-0", "refused", maybe_applied=False)
+    port = SlurmPortForSyncer(FakeClient(down), FakeView(CACHED))  # type: ignore[arg-type]
+    with pytest.raises(SlurmUnavailableError):
         await port.read_node("slurmd-0")

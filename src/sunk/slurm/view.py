@@ -288,9 +288,6 @@ class SlurmView:
         self._sync_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
-        # Polls begun and ended, counted: `poll_after_now` waits for one begun after it.
-        self._polls_begun = 0
-        self._polls_ended = 0
         self._task: asyncio.Task[None] | None = None
         self.stats = ViewStats()
 
@@ -449,18 +446,6 @@ class SlurmView:
         """Cut the current wait short (e.g. right after sunk changed something)."""
         self._wake.set()
 
-    async def poll_after_now(self) -> None:
-        """Return once a poll that began after this call has ended, at once.
-
-        The view then holds the nodes and jobs at least as new as a read made
-        now (or is stale, if that poll failed), and every caller waiting at the
-        same time shares that one poll: a hundred guard reads are one request,
-        incremental, not a hundred. Bound it with `asyncio.timeout`."""
-        wanted = self._polls_begun + 1
-        self.poll_now()
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._polls_ended >= wanted)
-
     # -- the poll loop -----------------------------------------------------------------------
 
     async def _run(self, first: asyncio.Future[None]) -> None:
@@ -500,7 +485,6 @@ class SlurmView:
         async with self._sync_lock:
             full = full or self._full_due()
             self.stats.polls += 1
-            self._polls_begun += 1
             try:
                 if self._state is not ViewState.FRESH and self._state is not ViewState.STARTING:
                     # Recovering: slurmrestd may have been upgraded while away.
@@ -511,16 +495,13 @@ class SlurmView:
             except SlurmError as exc:
                 self._fail(exc)
                 raise
-            else:
-                self._last_success = self._clock()
-                if full:
-                    self._last_full = self._last_success
-                self._emit(events)
-                self._set_state(ViewState.FRESH, "")
-            finally:
-                self._polls_ended = self._polls_begun
-                async with self._changed:
-                    self._changed.notify_all()
+            self._last_success = self._clock()
+            if full:
+                self._last_full = self._last_success
+            self._emit(events)
+            self._set_state(ViewState.FRESH, "")
+        async with self._changed:
+            self._changed.notify_all()
 
     def _fail(self, exc: SlurmError) -> None:
         self.stats.failures += 1

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from sunk.slurm.channel import SlurmChannel
 from sunk.slurm.client import SlurmClient
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
 from sunk.slurm.models import Node, NodeUpdate
 from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
 from sunk.syncer.batch import BatchWriter
@@ -49,18 +50,20 @@ class SlurmPortForSyncer(SlurmChannel):
         return None if node is None else slurm_state(node)
 
     async def read_node(self, name: str) -> SlurmState | None:
-        """From the view's next poll, which all the guards waiting at once share
-        (a rack uncordoned: one incremental read, not a read per node). Not
-        through a single-node read: slurmrestd 24.11 sometimes fails those
-        after a change ("Unable to query partitions") or hangs on them until
-        its MessageTimeout. A poll that takes too long leaves the view's copy,
-        at most one poll old, rather than holding the write back; a view made
-        stale (Slurm unreachable, a token refused) raises SlurmStaleError.
+        """Not through the view's refresh_node: a failed read there marks the whole
+        view stale, and slurmrestd 24.11 sometimes fails single-node reads after
+        a change ("Unable to query partitions"), or hangs on them until its
+        MessageTimeout. Then the view's copy (at most one poll old) has to do,
+        rather than holding the write back; an unreachable Slurm still raises.
         """
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(GUARD_READ_TIMEOUT):
-                await self._view.poll_after_now()
-        return self.node(name)
+                node = await self._client.node(name)
+        except (SlurmAuthError, SlurmUnavailableError):
+            raise
+        except (SlurmApiError, TimeoutError):
+            return self.node(name)
+        return None if node is None else slurm_state(node)
 
     async def drain(self, name: str, reason: str) -> None:
         await self._writer.drain(name, reason)

@@ -31,10 +31,10 @@ class SyncerSlurm(Protocol):
     async def read_node(self, name: str) -> SlurmState | None:
         """The node as it is now, read right before a write that depends on it.
 
-        Bounded in time: when the read is slow, the cached copy (at most one
-        poll old) is returned instead of holding the write back. Slurm
-        unreachable, or the token refused, raises SlurmStaleError. None if
-        Slurm has no such node.
+        Bounded in time: when the read fails or hangs, the cached copy (at most
+        one poll old) is returned instead of holding the write back. Slurm
+        unreachable, or the token refused, still raises. None if Slurm has no
+        such node.
         """
         ...
 
