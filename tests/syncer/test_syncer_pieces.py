@@ -221,6 +221,7 @@ async def test_slurm_writes_are_guarded_by_a_read_right_before(
     syncer = Syncer(kube, slurm)  # type: ignore[arg-type]
     node = Node(metadata=ObjectMeta(name="n1", uid="u1"))
     await syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[action]))
+    await syncer.slurm_writes_done()  # written in the background
     assert slurm.writes == writes
     for _ in range(5):  # the Events are written off the worker
         await asyncio.sleep(0)
@@ -246,6 +247,57 @@ class FakeClient:
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
+
+
+class SlowSlurm(FakeSlurm):
+    """Its drains wait for `release`; a write may fail."""
+
+    def __init__(self, now: SlurmState | None, *, fails: bool = False) -> None:
+        super().__init__(now)
+        self.release = asyncio.Event()
+        self.fails = fails
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self.release.wait()
+        if self.fails:
+            raise SlurmUnavailableError("POST", "node/slurmd-0", "refused", maybe_applied=False)
+        await super().drain(name, reason)
+
+
+async def test_a_reconcile_leaves_its_slurm_write_under_way_and_the_next_one_waits_for_it() -> None:
+    """The worker goes on while the batch writer gathers many nodes; the node's
+    own next reconcile reads and writes only after that write is done."""
+    slurm, kube = SlowSlurm(slurm_node(False)), FakeKube()
+    syncer = Syncer(kube, slurm)  # type: ignore[arg-type]
+    node = Node(metadata=ObjectMeta(name="n1", uid="u1"))
+    async with asyncio.timeout(1):
+        await syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[Drain(OURS)]))
+    assert slurm.writes == []  # under way
+    slurm.now = slurm_node(True, OURS)  # as Slurm has it once written
+    after = asyncio.create_task(
+        syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[Resume(OURS)]))
+    )
+    await asyncio.sleep(0.01)
+    assert not after.done()  # waits for the drain
+    slurm.release.set()
+    async with asyncio.timeout(1):
+        await after
+        await syncer.slurm_writes_done()
+    assert slurm.writes == [("drain", OURS), ("resume",)]
+
+
+async def test_a_failed_slurm_write_reconciles_the_node_again() -> None:
+    slurm, kube = SlowSlurm(slurm_node(False), fails=True), FakeKube()
+    syncer = Syncer(kube, slurm)  # type: ignore[arg-type]
+    node = Node(metadata=ObjectMeta(name="n1", uid="u1"))
+    await syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[Drain(OURS)]))
+    slurm.release.set()
+    async with asyncio.timeout(1):
+        await syncer.slurm_writes_done()
+    assert syncer.queue.failures("n1") == 1  # queued again, after a back-off
+    assert syncer.metrics.registry.get_sample_value(
+        "sunk_syncer_actions_total", {"kind": "drain"}
+    ) in (None, 0)
 
 
 class FakeView:

@@ -26,8 +26,8 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Literal, NamedTuple
 
 from lightkube import ApiError, AsyncClient, operators
 from lightkube.models.core_v1 import NodeCondition, PodCondition, Taint
@@ -68,6 +68,22 @@ STALE_GRACE = 3.0
 # The Slurm nodes by state (a gauge) are counted this often, not per reconcile:
 # a count reads every node, and Prometheus scrapes every 15-60 s.
 COUNT_INTERVAL = 5.0
+
+
+class SlurmEvent(NamedTuple):
+    reason: str
+    note: str
+    action: str
+    type_: Literal["Normal", "Warning"] = "Normal"
+
+
+class SlurmWrite(NamedTuple):
+    """One Slurm write a reconcile decided, made in the background."""
+
+    kind: str  # the actions metric's label
+    call: Callable[..., Awaitable[None]]  # the port's method, given the node's name first
+    args: tuple[str, ...]
+    event: SlurmEvent | None  # told once written
 
 
 class Syncer:
@@ -127,6 +143,8 @@ class Syncer:
         # writes (a rack uncordoned: a hundred resumes) need not wait behind the
         # apiserver writes of the nodes reconciled before (four or five each).
         self.mirrors: WorkQueue[str] = WorkQueue()
+        # Slurm node -> its writes under way (`_apply_slurm`).
+        self._writing: dict[str, asyncio.Task[None]] = {}
         # Pods by name (a Slurm node's name) and by node: a reconcile looks its
         # pod up, not through every pod (a rack's worth of reconciles at once
         # would each scan them all).
@@ -212,6 +230,11 @@ class Syncer:
             group.create_task(run_workers(self.queue, self.reconcile, self._workers))
             group.create_task(run_workers(self.mirrors, self.mirror, self._workers))
             group.create_task(self._count_slurm_nodes_every(COUNT_INTERVAL))
+            try:
+                await asyncio.Future()  # until the group is cancelled
+            finally:
+                for task in self._writing.values():
+                    task.cancel()
 
     async def reconcile(self, name: str) -> Result | None:
         with self.metrics.reconciling():
@@ -304,6 +327,15 @@ class Syncer:
         )
 
     async def _apply_slurm(self, node: Node, slurm_name: str, decision: Decision) -> None:
+        """The guard reads here, the writes in the background (`_write_slurm`):
+        the worker moves on to its next node while the batch writer gathers a
+        mass change's nodes into few requests (waiting for each write held
+        every batch to the few reconciles that reached the writer during the
+        request before). A node's writes keep their order: its next reconcile
+        waits for the ones under way first."""
+        if (under_way := self._writing.get(slurm_name)) is not None:
+            await asyncio.wait([under_way])
+        writes: list[SlurmWrite] = []
         for action in decision.slurm:
             if isinstance(action, Drain):
                 # Read the node again first: a drain someone made since the view was
@@ -315,44 +347,66 @@ class Syncer:
                 if fresh.drained and fresh.reason == action.reason:
                     continue
                 log.info("drain %s: %s", slurm_name, action.reason)
-                await self._slurm.drain(slurm_name, action.reason)
-                self.metrics.actions.labels(kind="drain").inc()
                 if action.put_back:
-                    self._events.emit_soon(
-                        node,
+                    told = SlurmEvent(
                         "SlurmDrainRestored",
                         f"Slurm node {slurm_name}: the drain was removed in Slurm while its "
                         f"cause lasts; drained again: {action.reason}",
-                        action="Drain",
-                        type_="Warning",
+                        "Drain",
+                        "Warning",
                     )
                 else:
-                    self._events.emit_soon(
-                        node,
-                        "SlurmDrain",
-                        f"drained Slurm node {slurm_name}: {action.reason}",
-                        action="Drain",
+                    told = SlurmEvent(
+                        "SlurmDrain", f"drained Slurm node {slurm_name}: {action.reason}", "Drain"
                     )
+                writes.append(SlurmWrite("drain", self._slurm.drain, (action.reason,), told))
             elif isinstance(action, Resume):
                 fresh = await self._slurm.read_node(slurm_name)
                 # Resume only what is still ours: someone may have drained it since.
                 if fresh is not None and fresh.drained and fresh.reason == action.reason:
                     log.info("resume %s (was: %s)", slurm_name, action.reason)
-                    await self._slurm.resume(slurm_name)
-                    self.metrics.actions.labels(kind="resume").inc()
-                    self._events.emit_soon(
-                        node,
+                    told = SlurmEvent(
                         "SlurmResume",
                         f"resumed Slurm node {slurm_name}: its cause is gone "
                         f"(was: {action.reason})",
-                        action="Resume",
+                        "Resume",
                     )
+                    writes.append(SlurmWrite("resume", self._slurm.resume, (), told))
             elif isinstance(action, SetComment):
                 log.info("comment %s: %s", slurm_name, action.comment)
-                await self._slurm.set_comment(slurm_name, action.comment)
-                self.metrics.actions.labels(kind="comment").inc()
+                writes.append(
+                    SlurmWrite("comment", self._slurm.set_comment, (action.comment,), None)
+                )
         if decision.slurm:
+            task = asyncio.create_task(self._write_slurm(node, slurm_name, writes))
+            self._writing[slurm_name] = task
+            task.add_done_callback(lambda done: self._forget_write(slurm_name, done))
+
+    async def _write_slurm(self, node: Node, slurm_name: str, writes: Sequence[SlurmWrite]) -> None:
+        try:
+            for write in writes:
+                await write.call(slurm_name, *write.args)
+                self.metrics.actions.labels(kind=write.kind).inc()
+                if write.event is not None:
+                    reason, note, action, type_ = write.event
+                    self._events.emit_soon(node, reason, note, action=action, type_=type_)
+        except Exception as error:  # the node is reconciled again, after a back-off
+            log.warning(
+                "writing Slurm node %s failed (%s); reconciling it again", slurm_name, error
+            )
+            if node.metadata is not None and node.metadata.name:
+                self.queue.add_rate_limited(node.metadata.name)
+        finally:
             self._slurm.poll_now()  # show what was written without waiting for the next poll
+
+    def _forget_write(self, slurm_name: str, task: asyncio.Task[None]) -> None:
+        if self._writing.get(slurm_name) is task:
+            del self._writing[slurm_name]
+
+    async def slurm_writes_done(self) -> None:
+        """Wait for every Slurm write under way (tests, and a clean stop)."""
+        if self._writing:
+            await asyncio.wait(list(self._writing.values()))
 
     async def _mirror_on_node(self, node: Node, decision: Decision) -> None:
         await self._write_metadata(node, decision)
