@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.local_cluster import kubectl, running_slurm_pods, summary
+from plugins.local_cluster import kubectl, poll_ssh, running_slurm_pods, ssh, summary
 from sunk_testbed import charts
 from sunk_testbed.bed import Bed
 
@@ -96,6 +96,7 @@ def test_a_directory_user_logs_in_runs_a_job_under_its_uid_and_is_refused_once_d
             time.sleep(1)
         assert fields == [NAME, str(UID), "COMPLETED"], f"{proc.stdout}{proc.stderr}"
         print(f"ldapadd -> job COMPLETED in sacct: {time.monotonic() - started:.1f}s")
+        _partition_of_the_directory_group_takes_only_its_members(cluster, key)
     finally:
         _directory(
             cluster, "ldapdelete", f"uid={NAME},ou=people,{BASE}\ncn={GROUP},ou=groups,{BASE}\n"
@@ -105,3 +106,45 @@ def test_a_directory_user_logs_in_runs_a_job_under_its_uid_and_is_refused_once_d
     assert refused.returncode == 255, refused.stdout
     assert "Permission denied" in refused.stderr, refused.stderr
     assert running_slurm_pods(cluster) == before  # nothing restarted, nothing replaced
+
+
+def _scontrol(cluster: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return kubectl(
+        cluster, "exec", "-n", "slurm", "slurm-slurmctld-0", "-c", "slurmctld", "--",
+        "scontrol", *args,
+    )  # fmt: skip
+
+
+def _partition_of_the_directory_group_takes_only_its_members(cluster: Path, key: Path) -> None:
+    """A partition with `AllowGroups` naming the directory's group (made at run
+    time, as an admin would, then removed): its member's job runs there, the
+    researcher's (not a member) is held back by slurmctld."""
+    created = _scontrol(
+        cluster, "create", f"PartitionName={GROUP}", "Nodes=ALL", f"AllowGroups={GROUP}"
+    )
+    assert created.returncode == 0, created.stderr
+    outsider = ""
+    try:
+        member = _ssh(cluster, key, f"sbatch --parsable -p {GROUP} -o /dev/null --wrap true")
+        assert member.returncode == 0, member.stderr
+        outsider = ssh(cluster, f"sbatch --parsable -p {GROUP} -o /dev/null --wrap true").strip()
+        job = member.stdout.strip()
+        deadline = time.monotonic() + 60
+        while (state := _ssh(cluster, key, f"sacct -n -X -P -j {job} -o State")).stdout.strip() != (
+            "COMPLETED"
+        ):
+            assert time.monotonic() < deadline, f"{state.stdout}{state.stderr}"
+            time.sleep(1)
+        held = ssh(cluster, f"squeue -h -j {outsider} -o '%T|%r'").strip()
+        assert held.startswith("PENDING|"), held
+    finally:
+        if outsider:
+            ssh(cluster, f"scancel {outsider}")
+            poll_ssh(
+                cluster,
+                f"squeue -h -j {outsider} -o %T 2>/dev/null || true",
+                lambda out: not out.strip(),
+                30,
+            )
+        deleted = _scontrol(cluster, "delete", f"PartitionName={GROUP}")
+        assert deleted.returncode == 0, deleted.stderr
