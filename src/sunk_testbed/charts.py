@@ -73,7 +73,8 @@ def slurm_values(
     as the nodes' containerd does; `private_registry`, the HOST:PORT of one that
     asks for a login: `private.sunk.test/...`, with the credentials of the
     Secret `registry_auth_secret()` makes. `topology_levels`: a topology/tree from these
-    node labels, which sunk's operator keeps (none: no topology plugin).
+    node labels, which sunk's operator keeps (none: no topology plugin); on
+    25.05+ also blocks of two on the first of them.
     `identity`: `static` (the users in /etc/passwd) or `ldap` (the chart's
     in-chart directory, seeded with the same users and keys, on a volume)."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
@@ -132,11 +133,22 @@ def slurm_values(
             "registriesConf": _registries_conf(registry, private_registry) if registry else "",
             "registryAuthSecret": PRIVATE_REGISTRY_PULL if private_registry else "",
         },
-        "topology": {
-            "plugin": "tree" if topology_levels else "none",
-            "file": "topology.yaml" if slurm_release >= "25.05" else "topology.conf",
-            "tree": {"levels": list(topology_levels)},
-        },
+        "topology": _topology(topology_levels, slurm_release),
+    }
+
+
+def _topology(levels: Sequence[str], slurm_release: str) -> dict[str, Any]:
+    """A tree on `levels`; on 25.05+ also blocks of two on the top level's
+    label (a second topology, `block`, for partitions with Topology=block)."""
+    if not levels:
+        return {"plugin": "none"}
+    if slurm_release < "25.05":
+        return {"plugin": "tree", "file": "topology.conf", "tree": {"levels": list(levels)}}
+    return {
+        "plugin": "tree",
+        "file": "topology.yaml",
+        "tree": {"levels": list(levels)},
+        "block": {"label": levels[0], "sizes": [2]},
     }
 
 

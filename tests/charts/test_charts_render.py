@@ -25,6 +25,7 @@ from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
 from sunk.scheduler.tenancy import parse_tenancy
 from sunk.syncer.decide import LABEL_SLURM_BUSY
+from sunk.topology.settings import parse_settings
 from sunk_testbed.helm import CHARTS, Helm, HelmError, ensure_helm
 
 pytestmark = pytest.mark.contract
@@ -460,3 +461,31 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
     assert [f for f in refused if _allowed(policies, *f)] == []
     off = helm.run(["template", "rel", str(CHARTS / "slurm"), "--set=networkPolicy.enabled=false"])
     assert "kind: NetworkPolicy" not in off
+
+
+TREE_AND_BLOCKS = (
+    '{"plugin": "tree", "tree": {"levels": ["topology.kubernetes.io/zone"]},'
+    ' "block": {"label": "example.com/nvlink-domain", "sizes": [8]}}'
+)
+
+
+def test_blocks_beside_the_tree_ask_the_operator_for_a_second_topology(helm: Helm) -> None:
+    """What the operator is asked for (settings.yaml in the topology ConfigMap):
+    the tree as the cluster's default, blocks as a second topology for
+    partitions with Topology=block (docs/training.md, "Topology")."""
+    out = helm.run(
+        ["template", "rel", str(CHARTS / "slurm"), f"--set-json=topology={TREE_AND_BLOCKS}"]
+    )
+    [configmap] = [
+        d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"] == "rel-topology"
+    ]
+    settings = parse_settings(configmap["data"]["settings.yaml"])
+    assert (settings.plugin, settings.also()) == ("tree", "block")
+    # topology.conf (24.11) holds one topology: refused, naming the fields.
+    with pytest.raises(HelmError, match=r"topology\.tree\.levels and topology\.block\.label"):
+        helm.run(
+            [
+                "template", "rel", str(CHARTS / "slurm"),
+                f"--set-json=topology={TREE_AND_BLOCKS}", "--set=topology.file=topology.conf",
+            ]
+        )  # fmt: skip

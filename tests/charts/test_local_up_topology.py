@@ -5,7 +5,8 @@ and local-2 in zone-a, local-3 in zone-b) and the slurm chart asks for a
 topology/tree on that label: sunk's operator writes topology.yaml into the
 topology ConfigMap, the reconfigure sidecar applies it. A relabelled node
 moves to its new switch, jobs asking `--switches=1` follow, and no pod
-restarts (docs/training.md, "Topology").
+restarts. Beside the tree, blocks of two on the same label: a partition with
+Topology=block keeps a job inside one block (docs/training.md, "Topology").
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.local_cluster import kubectl, running_slurm_pods, ssh
+from plugins.local_cluster import kubectl, poll_ssh, running_slurm_pods, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -104,3 +105,53 @@ def test_a_relabelled_node_changes_switch_and_switches_1_jobs_follow(cluster: Pa
         "-o", "jsonpath={.items[*].note}{.items[*].message}",
     )  # fmt: skip
     assert "3 node(s) placed" in events.stdout, events
+
+
+def _scontrol(cluster: Path, *args: str) -> str:
+    proc = kubectl(
+        cluster, "exec", "-n", "slurm", "slurm-slurmctld-0", "-c", "slurmctld", "--",
+        "scontrol", *args,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"scontrol {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def test_a_job_of_a_block_partition_stays_inside_one_block(cluster: Path) -> None:
+    """On 26.05 the bed's topology.yaml holds, beside the tree, a topology
+    `block`: blocks of two on the zone label (zone-a: local-1 and local-2;
+    zone-b: local-3 alone). A partition with Topology=block (made at run time,
+    as an admin would, then removed) keeps a two-node job inside one block:
+    with local-1 taken whole by another job it waits, though local-2 and local-3 are idle, and runs
+    on zone-a's two nodes once local-1 is free."""
+    _wait_for_leaves(cluster, AT_UP)
+    _scontrol(cluster, "create", "PartitionName=blocks", "Nodes=ALL", "Topology=block")
+    busy = blocked = ""
+    try:
+        busy = ssh(
+            cluster, "sbatch --parsable --exclusive -w compute-local-1 --wrap 'sleep 300'"
+        ).strip()
+        poll_ssh(cluster, f"squeue -h -j {busy} -o %T", lambda out: out.strip() == "RUNNING", 60)
+        blocked = ssh(cluster, "sbatch --parsable -p blocks -N2 -t 1 --wrap true").strip()
+        time.sleep(5)  # slurmctld tries it at submission and on its scheduling passes
+        state = ssh(cluster, f"squeue -h -j {blocked} -o '%T %r'").strip()
+        assert state.startswith("PENDING"), state
+        ssh(cluster, f"scancel {busy}")
+        poll_ssh(
+            cluster,
+            f"sacct -n -X -P -j {blocked} -o State,NodeList",
+            lambda out: out.strip().startswith("COMPLETED"),
+            90,
+        )
+        ran = ssh(cluster, f"sacct -n -X -P -j {blocked} -o NodeList").strip()
+        assert ran == "compute-local-[1-2]", ran
+    finally:
+        for job in (busy, blocked):
+            if job:
+                ssh(cluster, f"scancel {job} || true")
+        poll_ssh(
+            cluster,
+            "squeue -h -p blocks -o %i 2>/dev/null || true",
+            lambda out: not out.strip(),
+            60,
+        )
+        _scontrol(cluster, "delete", "PartitionName=blocks")

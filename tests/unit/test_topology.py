@@ -142,6 +142,27 @@ def test_blocks_leave_the_unlabelled_out_and_may_be_smaller_than_the_base_on_26_
     assert wanted.unplaced == ("c4",)
 
 
+def test_the_other_plugins_settings_add_a_second_topology_for_partitions() -> None:
+    """topology.yaml: the tree stays the cluster's default; the blocks are a
+    topology named `block` that a partition selects with Topology=block."""
+    wanted = plan(
+        settings(plugin="tree", tree={"levels": [ZONE]}, block={"label": NVL, "sizes": [2]}),
+        NODES,
+    )
+    tree, blocks = yaml.safe_load(wanted.files["topology.yaml"])
+    assert (tree["topology"], tree["cluster_default"]) == ("tree", True)
+    assert (blocks["topology"], blocks["cluster_default"]) == ("block", False)
+    assert blocks["block"]["blocks"] == [
+        {"block": "d1", "nodes": "c[1-2]"},
+        {"block": "d2", "nodes": "c3"},
+    ]
+    assert (wanted.placed, wanted.unplaced) == (3, ("c4",))  # c4 is in no block
+    with pytest.raises(ConfigError, match=r"block\.label: topology\.conf holds one topology"):
+        parse_settings(
+            "plugin: tree\nfile: topology.conf\ntree: {levels: [z]}\nblock: {label: d}\n"
+        )
+
+
 def test_24_11_blocks_wait_until_they_hold_the_base_size() -> None:
     # Its slurmctld exits on a block smaller than the base size.
     wanted = plan(

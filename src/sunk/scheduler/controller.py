@@ -255,9 +255,14 @@ class Scheduler:
 
     async def _settle_then_submit(self) -> None:
         await asyncio.sleep(self._settle)
+        started = time.monotonic()
         await self._refresh()
         self._reindex_jobs()
         self.ready.set()
+        # When the first submits may go (a pod created before waits until then).
+        log.info(
+            "submitting from now on (full read of Slurm's jobs: %.1fs)", time.monotonic() - started
+        )
         self._requeue_all()
 
     async def _refresh(self) -> None:

@@ -83,29 +83,33 @@ def plan(settings: TopologySettings, nodes: NodeLabels) -> Plan:
     """Raises ConfigError (naming the field or switch) when no topology can be built."""
     if settings.plugin == "none":
         return Plan({}, 0, ())
-    topology: Tree | Blocks
-    if settings.plugin == "tree":
-        topology = tree_from_labels(nodes, settings.tree.levels, unlabelled=UNLABELLED)
-        unplaced = next((s.nodes for s in topology.switches if s.name == UNLABELLED), ())
-    else:
-        topology = blocks_from_labels(
-            nodes,
-            settings.block.label,
-            settings.block.sizes,
-            skip_unlabelled=True,
-            small_blocks=True,
-        )
-        if settings.file == "topology.conf":
-            topology = _only_full_blocks(topology)
-        placed = {node for block in topology.blocks for node in block.nodes}
-        unplaced = tuple(sorted(set(nodes) - placed))
+    default, unplaced = _build(settings.plugin, settings, nodes)
     if settings.file == "topology.conf":
-        text = render_topology_conf(topology)
+        text = render_topology_conf(default)
     else:
-        text = render_topology_yaml(
-            [NamedTopology(settings.plugin, topology, cluster_default=True)]
-        )
-    return Plan({settings.file: text}, len(nodes) - len(unplaced), tuple(unplaced))
+        named = [NamedTopology(settings.plugin, default, cluster_default=True)]
+        if (second := settings.also()) is not None:
+            topology, left_out = _build(second, settings, nodes)
+            named.append(NamedTopology(second, topology))
+            unplaced = tuple(sorted({*unplaced, *left_out}))
+        text = render_topology_yaml(named)
+    return Plan({settings.file: text}, len(nodes) - len(unplaced), unplaced)
+
+
+def _build(
+    plugin: str, settings: TopologySettings, nodes: NodeLabels
+) -> tuple[Tree | Blocks, tuple[str, ...]]:
+    """One topology and the nodes it leaves out (a missing label or, 24.11, too small a block)."""
+    if plugin == "tree":
+        tree = tree_from_labels(nodes, settings.tree.levels, unlabelled=UNLABELLED)
+        return tree, next((s.nodes for s in tree.switches if s.name == UNLABELLED), ())
+    blocks = blocks_from_labels(
+        nodes, settings.block.label, settings.block.sizes, skip_unlabelled=True, small_blocks=True
+    )
+    if settings.file == "topology.conf":
+        blocks = _only_full_blocks(blocks)
+    placed = {node for block in blocks.blocks for node in block.nodes}
+    return blocks, tuple(sorted(set(nodes) - placed))
 
 
 def _only_full_blocks(blocks: Blocks) -> Blocks:

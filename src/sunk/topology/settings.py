@@ -38,6 +38,16 @@ class TopologySettings(BaseModel):
     tree: TreeSettings = Field(default_factory=TreeSettings)
     block: BlockSettings = Field(default_factory=BlockSettings)
 
+    def also(self) -> Literal["tree", "block"] | None:
+        """The second topology asked for: the other plugin's settings given
+        beside `plugin`'s. topology.yaml then holds it too, not as the
+        cluster's default: partitions choose it with `Topology=<its name>`."""
+        if self.plugin == "tree" and self.block.label:
+            return "block"
+        if self.plugin == "block" and self.tree.levels and all(self.tree.levels):
+            return "tree"
+        return None
+
 
 def parse_settings(text: str | None) -> TopologySettings:
     """The settings, or a ConfigError naming each field that is wrong."""
@@ -59,6 +69,11 @@ def parse_settings(text: str | None) -> TopologySettings:
         problems.append(Problem("tree.levels", "the tree needs at least one label key"))
     if settings.plugin == "block" and not settings.block.label:
         problems.append(Problem("block.label", "blocks need a label key"))
+    if settings.plugin != "none" and settings.file == "topology.conf" and settings.also():
+        other = "block.label" if settings.plugin == "tree" else "tree.levels"
+        problems.append(
+            Problem(other, "topology.conf holds one topology: a second needs topology.yaml")
+        )
     if problems:
         raise ConfigError(problems)
     return settings
