@@ -318,6 +318,70 @@ def scheduler(
     )
 
 
+@app.command("gpu-plugin")
+def gpu_plugin(
+    node_name: Annotated[
+        str, typer.Option(envvar="NODE_NAME", help="This node (the pods bound to it are read).")
+    ],
+    slurmd_namespace: Annotated[
+        str,
+        typer.Option(
+            envvar="POD_NAMESPACE",
+            help="The Slurm cluster's namespace: its NodeSet's slurmd pod gets every GPU.",
+        ),
+    ],
+    kubeconfig: KubeconfigOption = None,
+    resource: Annotated[
+        str, typer.Option(help="Extended resource of the GPUs, one device per GPU.")
+    ] = "nvidia.com/gpu",
+    node_resource: Annotated[
+        str, typer.Option(help="Extended resource of one device: every GPU (slurmd's).")
+    ] = "sunk.dev/node-gpus",
+    device_dir: Annotated[
+        Path, typer.Option(help="Where the GPUs' device files (nvidiaN) are found.")
+    ] = Path("/dev"),
+    host_device_dir: Annotated[
+        Path | None,
+        typer.Option(help="--device-dir as the node's kubelet and runtime see it (default: same)."),
+    ] = None,
+    socket_dir: Annotated[
+        Path, typer.Option(help="Directory of the device plugin sockets.")
+    ] = Path("/var/lib/kubelet/plugins/sunk.dev"),
+    host_socket_dir: Annotated[
+        Path | None,
+        typer.Option(help="--socket-dir as the kubelet sees it (default: same)."),
+    ] = None,
+    registry_dir: Annotated[
+        Path,
+        typer.Option(help="The kubelet's plugin watcher directory (<root-dir>/plugins_registry)."),
+    ] = Path("/var/lib/kubelet/plugins_registry"),
+    rescan: Annotated[float, typer.Option(help="Seconds between scans of --device-dir.")] = 10.0,
+    verbose: VerboseOption = False,
+) -> None:
+    """Serve the node's GPUs to its kubelet: to the pods Slurm allocated them to, and all of
+    them to the node's slurmd pod (a device plugin, one per node)."""
+    from sunk.gpus.run import GpuPluginConfig, main
+
+    _component_logging(verbose)
+    run_until_terminated(
+        main(
+            GpuPluginConfig(
+                node=node_name,
+                slurmd_namespace=slurmd_namespace,
+                resource=resource,
+                node_resource=node_resource,
+                device_dir=device_dir,
+                host_device_dir=host_device_dir,
+                socket_dir=socket_dir,
+                host_socket_dir=host_socket_dir,
+                registry_dir=registry_dir,
+                kubeconfig=kubeconfig,
+                rescan_seconds=rescan,
+            )
+        )
+    )
+
+
 def plugin_groups() -> list[tuple[str, typer.Typer]]:
     """The command groups installed plugins offer, by command name.
 

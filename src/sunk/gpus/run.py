@@ -1,0 +1,73 @@
+"""`sunk gpu-plugin`: the wiring (one process per node, no leader: each
+plugin serves its own kubelet)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from sunk.gpus.plugin import (
+    BoundPods,
+    GpuInventory,
+    GpuPlugin,
+    KubeBoundPods,
+    NodeGpusPlugin,
+    SocketDirs,
+    keep_scanning,
+    serving,
+)
+from sunk.kube.client import kube_client
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+NODE_RESOURCE = "sunk.dev/node-gpus"
+SOCKET_DIR = Path("/var/lib/kubelet/plugins/sunk.dev")
+REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+
+
+@dataclass(frozen=True)
+class GpuPluginConfig:
+    node: str
+    slurmd_namespace: str
+    resource: str = GPU_RESOURCE
+    node_resource: str = NODE_RESOURCE
+    device_dir: Path = Path("/dev")
+    host_device_dir: Path | None = None  # default: device_dir
+    socket_dir: Path = SOCKET_DIR
+    host_socket_dir: Path | None = None  # default: socket_dir
+    registry_dir: Path = REGISTRY_DIR
+    kubeconfig: Path | None = None
+    rescan_seconds: float = 10.0
+
+
+async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
+    """Serve both resources to the node's kubelet until cancelled."""
+    inventory = GpuInventory(config.device_dir)
+    inventory.scan()
+    host_devices = config.host_device_dir or config.device_dir
+    dirs = SocketDirs(config.socket_dir, config.registry_dir, config.host_socket_dir)
+    gpus = GpuPlugin(config.resource, config.node, inventory, pods, host_devices)
+    node_gpus = NodeGpusPlugin(
+        config.node_resource,
+        config.node,
+        inventory,
+        pods,
+        host_devices,
+        config.slurmd_namespace,
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(serving(config.resource, gpus, dirs))
+        await stack.enter_async_context(serving(config.node_resource, node_gpus, dirs))
+        log.info("GPU plugin of node %s: %d GPU(s) found", config.node, len(inventory.present))
+        await keep_scanning(inventory, config.rescan_seconds)
+
+
+async def main(config: GpuPluginConfig) -> None:
+    kube = kube_client(config.kubeconfig, "sunk-gpu-plugin")
+    try:
+        await run_plugin(config, KubeBoundPods(kube, config.node))
+    finally:
+        await kube.close()
