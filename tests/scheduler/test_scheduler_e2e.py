@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import SlurmBed, create, set_capacity, slurm_bed, wait_for
+from sunk.api import CONDITION_SLURM_GPUS
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.decide import STOP_MARGIN
 from sunk.scheduler.metrics import SchedulerMetrics
@@ -368,6 +370,58 @@ async def test_a_gpu_pod_lands_where_slurm_has_two_free_gpus(
             await wait_for("the job to end", lambda: job_ended(sb, job_id), timeout=20)
     finally:
         await sb.aslurm("scancel", *batch)
+
+
+async def gpu_indices(sb: SchedBed, job_id: str) -> str:
+    """The GPU indices `scontrol show job -d` lists for the job ("0", "0-1")."""
+    out = await sb.aslurm("scontrol", "-d", "-o", "show", "job", job_id)
+    found = re.findall(r"GRES=gpu[^ ]*\(IDX:([0-9,-]+)\)", out)
+    assert len(found) == 1, out
+    return str(found[0])
+
+
+async def test_a_gpu_pod_is_told_the_gpu_indices_its_slurm_job_holds(
+    kube: AsyncClient, sched_bed: SchedBed
+) -> None:
+    """Before binding, the scheduler writes on the pod's status the GPU indices
+    Slurm allocated to its job on its node (what sunk's device plugin hands
+    the pod): those `scontrol show job -d` lists, not the one a batch job
+    beside it holds. (The bed's two GPUs per node are stand-in character
+    devices; no GPU exists here.)"""
+    sb = sched_bed
+    names = sorted(sb.slurmd)
+    # One GPU of every node is a batch job's: the pod gets the other one.
+    batch = {
+        n: (
+            await sb.aslurm(
+                "sbatch", "--parsable", "-p", "k8s", "-w", n, "--gres=gpu:1", "--wrap", "sleep 600"
+            )
+        ).strip()
+        for n in names
+    }
+    try:
+        for job in batch.values():
+            await wait_for(f"batch job {job} to run", lambda j=job: running(sb, j), timeout=30)
+        async with scheduling(kube, sb):
+            await kube.create(pod_body(sb, "gpu1", gpus=1))
+            node = await wait_for_bound(kube, sb, "gpu1")
+            pod = await get_pod(kube, sb, "gpu1")
+            slurm_node = next(n for n in names if sb.slurmd[n] == node)
+            held = await gpu_indices(sb, job_of(pod))
+            beside = await gpu_indices(sb, batch[slurm_node])
+            assert held != beside
+            assert pod is not None
+            assert pod.status is not None
+            told = [c for c in pod.status.conditions or [] if c.type == CONDITION_SLURM_GPUS]
+            assert len(told) == 1, pod.status.conditions
+            assert (told[0].status, told[0].reason, told[0].message) == (
+                "True",
+                "AllocatedBySlurm",
+                held,
+            )
+            await delete_and_wait(kube, sb, "gpu1")
+    finally:
+        await sb.aslurm("scancel", *batch.values())
 
 
 async def wait_for_bound(kube: AsyncClient, sb: SchedBed, name: str, timeout: float = 30) -> str:

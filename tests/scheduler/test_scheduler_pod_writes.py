@@ -9,14 +9,16 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
-from sunk.api import TAINT_NODE_LOCK
+from sunk.api import CONDITION_SLURM_GPUS, TAINT_NODE_LOCK
 from sunk.scheduler.pod_writes import (
     job_id_patch,
     lock_toleration_patch,
     pending_job_patch,
+    slurm_gpus_patch,
     unschedulable_patch,
 )
 from sunk.scheduler.request import ANNOTATION_JOB_ID
+from sunk.slurm.models import Job
 
 pytestmark = pytest.mark.unit
 
@@ -103,3 +105,35 @@ def test_unschedulable_keeps_its_transition_time_while_it_stays_false() -> None:
     again = unschedulable_patch(pod(scheduled=scheduled), "waiting", NOW)
     assert again is not None
     assert again["status"]["conditions"][0]["lastTransitionTime"] == "2026-11-25T03:00:00Z"
+
+
+def test_the_gpus_slurm_allocated_are_the_pods_condition() -> None:
+    assert slurm_gpus_patch((1, 3), NOW) == {
+        "status": {
+            "conditions": [
+                {
+                    "type": CONDITION_SLURM_GPUS,
+                    "status": "True",
+                    "reason": "AllocatedBySlurm",
+                    "message": "1,3",
+                    "lastTransitionTime": "2026-11-25T03:00:00Z",
+                }
+            ]
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("nodes", "detail", "expected"),
+    [
+        ("n[1-2]", ("gpu:h100:2(IDX:0-1)", "gpu:1(IDX:3)"), {"n1": (0, 1), "n2": (3,)}),
+        ("n1", ("gpu:h100:3(IDX:0,2-3),nic:1",), {"n1": (0, 2, 3)}),
+        ("n1", ("nic:1(IDX:0)",), {}),  # not a GPU
+        ("n[1-2]", ("", "gpu:1(IDX:1)"), {"n2": (1,)}),  # no GPU on n1
+        ("n1", (), {}),  # a job with no GRES
+    ],
+)
+def test_a_jobs_gpu_indices_per_node(
+    nodes: str, detail: tuple[str, ...], expected: dict[str, tuple[int, ...]]
+) -> None:
+    assert Job(job_id=1, nodes=nodes, gres_detail=detail).gpu_indices() == expected

@@ -11,3 +11,8 @@ LABEL_TEMPLATE_HASH = f"{DOMAIN}/template-hash"
 # While a Slurm job runs on a node, this taint keeps other pods off it (the
 # syncer sets it); slurmd pods tolerate it.
 TAINT_NODE_LOCK = f"{DOMAIN}/slurm-job"
+# The pod condition the scheduler writes before it binds a pod whose Slurm job
+# holds GPUs on the pod's node: message = the indices ("0,1"). A status
+# condition, not an annotation: a pod's author may write its annotations but
+# not its status, so sunk's GPU device plugin can trust it.
+CONDITION_SLURM_GPUS = f"{DOMAIN}/SlurmGPUs"

@@ -76,6 +76,7 @@ from sunk.scheduler.pod_writes import (
     job_id_patch,
     lock_toleration_patch,
     pending_job_patch,
+    slurm_gpus_patch,
     unschedulable_patch,
 )
 from sunk.scheduler.request import (
@@ -475,18 +476,29 @@ class Scheduler:
             )
             return
         taken = {p.spec.nodeName for p in self._members(key) if p.spec and p.spec.nodeName}
-        free = [t for t in targets if t not in taken]
+        free = [(s, t) for s, t in zip(slurm_nodes, targets, strict=True) if t not in taken]
+        gpus = job.gpu_indices()
         results = await asyncio.gather(
-            *(self._bind_one(pod, node, job_id) for pod, node in zip(pods, free, strict=False)),
+            *(
+                self._bind_one(pod, node, job_id, gpus.get(slurm_node, ()))
+                for pod, (slurm_node, node) in zip(pods, free, strict=False)
+            ),
             return_exceptions=True,
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
-    async def _bind_one(self, pod: Pod, node: str | None, job_id: int | None) -> None:
+    async def _bind_one(
+        self, pod: Pod, node: str | None, job_id: int | None, gpus: tuple[int, ...]
+    ) -> None:
         assert pod.metadata is not None
         assert node is not None
+        if gpus:
+            # Before the bind: the kubelet admits the pod (and asks the device
+            # plugin for its GPUs) as soon as it is bound.
+            now = datetime.datetime.now(datetime.UTC)
+            await self._patch_pod(pod, slurm_gpus_patch(gpus, now), status=True)
         await bind_pod(
             self._kube,
             pod.metadata.namespace or "default",

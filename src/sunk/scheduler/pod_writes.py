@@ -12,7 +12,7 @@ from typing import Any
 from lightkube.models.core_v1 import Taint
 from lightkube.resources.core_v1 import Pod
 
-from sunk.api import TAINT_NODE_LOCK
+from sunk.api import CONDITION_SLURM_GPUS, TAINT_NODE_LOCK
 from sunk.kube.matching import tolerates
 from sunk.scheduler.decide import pod_annotations
 from sunk.scheduler.request import ANNOTATION_JOB_ID
@@ -67,5 +67,19 @@ def unschedulable_patch(pod: Pod, message: str, now: datetime.datetime) -> dict[
         "reason": "Unschedulable",
         "message": message,
         "lastTransitionTime": since.strftime(TIME_FORMAT),
+    }
+    return {"status": {"conditions": [condition]}}
+
+
+def slurm_gpus_patch(indices: tuple[int, ...], now: datetime.datetime) -> dict[str, Any]:
+    """The GPUs Slurm allocated to the pod's job on its node, as the pod's
+    status condition (strategic merge): the device plugin hands the pod
+    exactly these."""
+    condition = {
+        "type": CONDITION_SLURM_GPUS,
+        "status": "True",
+        "reason": "AllocatedBySlurm",
+        "message": ",".join(str(i) for i in indices),
+        "lastTransitionTime": now.strftime(TIME_FORMAT),
     }
     return {"status": {"conditions": [condition]}}

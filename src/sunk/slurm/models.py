@@ -13,9 +13,15 @@ would make every poll look like a change.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+
+from sunk.slurm.hostlist import expand
+
+# A GPU entry of a job's gres_detail and its indices: "gpu:h100:2(IDX:0-1,3)".
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^,(]*)?\(IDX:([0-9,-]+)\)")
 
 
 def _no_val(value: Any) -> int | None:
@@ -167,6 +173,8 @@ class Job(_Model):
     exit_code: ExitCode | None = None
     current_working_directory: str = ""
     standard_output: str = ""
+    # One entry per allocated node, in the order of `nodes`: "gpu:h100:2(IDX:0-1)".
+    gres_detail: tuple[str, ...] = ()
 
     @property
     def state(self) -> str:
@@ -183,6 +191,19 @@ class Job(_Model):
         return self.state not in ("PENDING", "RUNNING", "SUSPENDED") and (
             "COMPLETING" not in self.job_state
         )
+
+    def gpu_indices(self) -> dict[str, tuple[int, ...]]:
+        """The GPU indices the job holds on each of its nodes (`scontrol show
+        job -d`'s `GRES=gpu:2(IDX:0-1)`), from `gres_detail`; nodes without
+        GPUs are left out."""
+        held: dict[str, tuple[int, ...]] = {}
+        for node, detail in zip(expand(self.nodes), self.gres_detail, strict=False):
+            indices = tuple(
+                i for found in _GPU_IDX.findall(detail) for i in GresLayout(index=found).indices
+            )
+            if indices:
+                held[node] = tuple(sorted(indices))
+        return held
 
 
 class PartitionNodes(_Model):
