@@ -1,0 +1,308 @@
+"""`sunk gpu-plugin` on the bed's real kubelets (v1.36, with containerd).
+
+The plugin runs in this process (asyncio, `sunk.gpus.run.run_plugin`, reading
+pods through the real apiserver) for one node, and registers through that
+node's own plugin watcher directory (`<kubelet --root-dir>/plugins_registry`);
+the kubelet finds it, connects, and runs its pods with what it answers.
+
+Stand-ins: no GPU exists on this machine. The four "GPUs" are character
+devices made here with mknod (`nvidia0`..`nvidia3`, major 195 as NVIDIA's
+driver makes them, no driver loaded: opening one gives ENXIO). The kubelet,
+containerd and runc treat them as any device: what the tests show is which
+device files a container is given, not that a GPU works.
+
+The scheduler's part is played by the test: it writes the pod's status
+condition `sunk.dev/SlurmGPUs` (as `sunk.scheduler.pod_writes.slurm_gpus_patch`
+does) and binds the pod through the Binding subresource; the pods name a
+schedulerName nobody serves, so nothing else places them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import stat
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lightkube import ApiError, AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+
+from plugins.kube import TEST_LABEL
+from plugins.nodes import RealNodes
+from plugins.slurm_pods import wait_for
+from sunk.api import nodeset as nodeset_api
+from sunk.api.install import install_crds
+from sunk.gpus.choice import CONDITION_SLURM_GPUS
+from sunk.gpus.plugin import KubeBoundPods
+from sunk.gpus.run import GPU_RESOURCE, NODE_RESOURCE, GpuPluginConfig, run_plugin
+from sunk.kube.raw import bind_pod
+
+pytestmark = pytest.mark.contract
+
+NVIDIA_MAJOR = 195
+NOBODY = "nobody-serves-this"  # a schedulerName: the pods stay unbound until the test binds them
+
+
+@dataclass(frozen=True)
+class PluginOnNode:
+    node: str
+    config: GpuPluginConfig
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def gpu_plugin(
+    kube: AsyncClient, kubelet_nodes: RealNodes, testbed_state_dir: Path
+) -> AsyncIterator[PluginOnNode]:
+    """The plugin for the last node, with four stand-in devices."""
+    node = kubelet_nodes.names[-1]
+    kubelet_dir = kubelet_nodes.group.paths(node).kubelet_dir
+    devices = testbed_state_dir / "gpu-plugin" / node / "dev"
+    devices.mkdir(parents=True, exist_ok=True)
+    for index in range(4):
+        path = devices / f"nvidia{index}"
+        if not path.exists():
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, index))
+    config = GpuPluginConfig(
+        node=node,
+        # The plugin's --slurmd-namespace, made by the NodeSet test.
+        slurmd_namespace=f"t-gpu-plugin-slurm-{secrets.token_hex(3)}",
+        device_dir=devices,
+        socket_dir=kubelet_dir / "plugins" / "sunk.dev",
+        registry_dir=kubelet_dir / "plugins_registry",
+    )
+    task = asyncio.create_task(run_plugin(config, KubeBoundPods(kube, node)))
+    try:
+        yield PluginOnNode(node, config)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def gpu_pod(name: str, namespace: str, image: str, resource: str, count: int, **meta: Any) -> Pod:
+    script = 'ls /dev; echo "VISIBLE=$NVIDIA_VISIBLE_DEVICES"'
+    return Pod.from_dict(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, **meta},
+            "spec": {
+                "schedulerName": NOBODY,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", script],
+                        "resources": {"limits": {resource: str(count)}},
+                    }
+                ],
+            },
+        }
+    )
+
+
+async def slurm_gpus(kube: AsyncClient, name: str, namespace: str, message: str) -> None:
+    """What the scheduler writes before it binds (a strategic status patch)."""
+    condition = {
+        "type": CONDITION_SLURM_GPUS,
+        "status": "True",
+        "reason": "AllocatedBySlurm",
+        "message": message,
+    }
+    await kube.patch(Pod.Status, name, {"status": {"conditions": [condition]}}, namespace=namespace)
+
+
+async def create_and_bind(kube: AsyncClient, pod: Pod, node: str, gpus: str | None = None) -> str:
+    assert pod.metadata is not None
+    assert pod.metadata.name
+    assert pod.metadata.namespace
+    name, namespace = pod.metadata.name, pod.metadata.namespace
+    created = await kube.create(pod)
+    if gpus is not None:
+        await slurm_gpus(kube, name, namespace, gpus)
+    assert created.metadata is not None
+    assert created.metadata.uid
+    await bind_pod(kube, namespace, name, node, created.metadata.uid)
+    return name
+
+
+async def finished(kube: AsyncClient, name: str, namespace: str) -> Pod:
+    got: Pod | None = None
+
+    async def done() -> bool:
+        nonlocal got
+        got = await kube.get(Pod, name, namespace=namespace)
+        return bool(got.status and got.status.phase in ("Succeeded", "Failed"))
+
+    await wait_for(f"pod {name} finished", done, 120)
+    assert got is not None
+    return got
+
+
+async def logs(kube: AsyncClient, name: str, namespace: str) -> list[str]:
+    return [line.rstrip("\n") async for line in kube.log(name, namespace=namespace)]
+
+
+async def delete(kube: AsyncClient, name: str, namespace: str) -> None:
+    with contextlib.suppress(ApiError):
+        await kube.delete(Pod, name, namespace=namespace, grace_period=0)
+
+
+def nvidia(lines: list[str]) -> list[str]:
+    return sorted(line for line in lines if line.startswith("nvidia"))
+
+
+async def listed(kube: AsyncClient, gpu_plugin: PluginOnNode) -> float:
+    """Seconds until the node reports 4 GPUs and one `sunk.dev/node-gpus`."""
+    started = time.monotonic()
+    wanted = {GPU_RESOURCE: "4", NODE_RESOURCE: "1"}
+
+    async def shown() -> bool:
+        node = await kube.get(Node, gpu_plugin.node)
+        status = node.status
+        assert status is not None
+        capacity, allocatable = status.capacity or {}, status.allocatable or {}
+        return all(capacity.get(k) == v and allocatable.get(k) == v for k, v in wanted.items())
+
+    await wait_for("the node's GPUs in its capacity and allocatable", shown, 60)
+    return time.monotonic() - started
+
+
+async def test_the_kubelet_lists_both_resources(
+    kube: AsyncClient, gpu_plugin: PluginOnNode
+) -> None:
+    """(a) Registered through the node's plugin watcher directory, the kubelet
+    reports both resources in the Node's capacity and allocatable."""
+    print(f"registered and listed in {await listed(kube, gpu_plugin):.1f} s")
+
+
+async def test_a_pod_gets_exactly_the_gpus_slurm_allocated(
+    kube: AsyncClient, kubelet_nodes: RealNodes, gpu_plugin: PluginOnNode, namespace: str
+) -> None:
+    """(b) The condition says 2,3: the container has /dev/nvidia2 and
+    /dev/nvidia3, no other nvidia device, and NVIDIA_VISIBLE_DEVICES=2,3."""
+    await listed(kube, gpu_plugin)
+    image = kubelet_nodes.images.slurm.ref
+    pod = gpu_pod("slurm-placed", namespace, image, GPU_RESOURCE, 2)
+    name = await create_and_bind(kube, pod, gpu_plugin.node, gpus="2,3")
+    try:
+        got = await finished(kube, name, namespace)
+        out = await logs(kube, name, namespace)
+        assert got.status is not None
+        assert got.status.phase == "Succeeded", (got.status, out)
+        assert nvidia(out) == ["nvidia2", "nvidia3"], out
+        assert "VISIBLE=2,3" in out
+    finally:
+        await delete(kube, name, namespace)
+
+
+async def test_gpus_slurm_did_not_allocate_are_refused(
+    kube: AsyncClient, kubelet_nodes: RealNodes, gpu_plugin: PluginOnNode, namespace: str
+) -> None:
+    """(c) A pod bound without the scheduler's condition: the kubelet fails
+    its admission with the plugin's refusal."""
+    await listed(kube, gpu_plugin)
+    image = kubelet_nodes.images.slurm.ref
+    name = await create_and_bind(
+        kube, gpu_pod("unplaced", namespace, image, GPU_RESOURCE, 1), gpu_plugin.node
+    )
+    try:
+        got = await finished(kube, name, namespace)
+        assert got.status is not None
+        assert got.status.phase == "Failed"
+        assert got.status.reason == "UnexpectedAdmissionError", got.status
+        assert "not allocated by Slurm" in (got.status.message or ""), got.status.message
+        print(f"refused: {got.status.message}")
+    finally:
+        await delete(kube, name, namespace)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def slurmd_namespace(kube: AsyncClient, gpu_plugin: PluginOnNode) -> AsyncIterator[str]:
+    """The plugin's --slurmd-namespace, made for one test."""
+    name = gpu_plugin.config.slurmd_namespace
+    await kube.create(Namespace(metadata=ObjectMeta(name=name, labels={TEST_LABEL: "true"})))
+
+    async def account() -> bool:
+        try:
+            await kube.get(ServiceAccount, "default", namespace=name)
+        except ApiError:
+            return False
+        return True
+
+    await wait_for("the namespace's default ServiceAccount", account, 30)
+    try:
+        yield name
+    finally:
+        await kube.deletecollection(Pod, namespace=name, grace_period=0)
+        await kube.delete(Namespace, name)
+
+
+async def test_every_gpu_goes_only_to_a_nodesets_pod(
+    kube: AsyncClient, kubelet_nodes: RealNodes, gpu_plugin: PluginOnNode, slurmd_namespace: str
+) -> None:
+    """(d) `sunk.dev/node-gpus` in the Slurm namespace: refused to a pod no
+    NodeSet controls; a pod whose controller is a NodeSet (a real one, made
+    here; no operator runs) gets all four devices and no NVIDIA_VISIBLE_DEVICES."""
+    await listed(kube, gpu_plugin)
+    image = kubelet_nodes.images.slurm.ref
+    name = await create_and_bind(
+        kube,
+        gpu_pod("not-slurmd", slurmd_namespace, image, NODE_RESOURCE, 1),
+        gpu_plugin.node,
+    )
+    try:
+        got = await finished(kube, name, slurmd_namespace)
+        assert got.status is not None
+        assert (got.status.phase, got.status.reason) == ("Failed", "UnexpectedAdmissionError")
+        assert "goes only to a slurmd pod of a NodeSet" in (got.status.message or "")
+    finally:
+        await delete(kube, name, slurmd_namespace)
+
+    async with asyncio.timeout(60):
+        await install_crds(kube)
+    nodeset = await kube.create(
+        nodeset_api.resource()(
+            {
+                "apiVersion": nodeset_api.API_VERSION,
+                "kind": nodeset_api.KIND,
+                "metadata": {"name": "gpus"},
+                "spec": {
+                    "template": {"spec": {"containers": [{"name": "slurmd", "image": image}]}}
+                },
+            }
+        ),
+        namespace=slurmd_namespace,
+    )
+    owner = {
+        "apiVersion": nodeset_api.API_VERSION,
+        "kind": nodeset_api.KIND,
+        "name": "gpus",
+        "uid": nodeset["metadata"]["uid"],
+        "controller": True,
+    }
+    pod = gpu_pod("slurmd", slurmd_namespace, image, NODE_RESOURCE, 1, ownerReferences=[owner])
+    name = await create_and_bind(kube, pod, gpu_plugin.node)
+    try:
+        got = await finished(kube, name, slurmd_namespace)
+        out = await logs(kube, name, slurmd_namespace)
+        assert got.status is not None
+        assert got.status.phase == "Succeeded", (got.status, out)
+        assert nvidia(out) == ["nvidia0", "nvidia1", "nvidia2", "nvidia3"], out
+        assert "VISIBLE=" in out
+    finally:
+        await delete(kube, name, slurmd_namespace)
+        with contextlib.suppress(ApiError):
+            await kube.delete(nodeset_api.resource(), "gpus", namespace=slurmd_namespace)
