@@ -12,15 +12,17 @@ containerd and runc treat them as any device: what the tests show is which
 device files a container is given, not that a GPU works.
 
 The scheduler's part is played by the test: it writes the pod's status
-condition `sunk.dev/SlurmGPUs` (as `sunk.scheduler.pod_writes.slurm_gpus_patch`
-does) and binds the pod through the Binding subresource; the pods name a
-schedulerName nobody serves, so nothing else places them.
+condition `sunk.dev/SlurmGPUs` with the scheduler's own patch
+(`sunk.scheduler.pod_writes.slurm_gpus_patch`) and binds the pod through the
+Binding subresource; the pods name a schedulerName nobody serves, so nothing
+else places them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import secrets
 import stat
@@ -35,16 +37,17 @@ import pytest_asyncio
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+from lightkube.types import PatchType
 
 from plugins.kube import TEST_LABEL
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import wait_for
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import install_crds
-from sunk.gpus.choice import CONDITION_SLURM_GPUS
 from sunk.gpus.plugin import KubeBoundPods
 from sunk.gpus.run import GPU_RESOURCE, NODE_RESOURCE, GpuPluginConfig, run_plugin
 from sunk.kube.raw import bind_pod
+from sunk.scheduler.pod_writes import slurm_gpus_patch
 
 pytestmark = pytest.mark.contract
 
@@ -113,24 +116,21 @@ def gpu_pod(name: str, namespace: str, image: str, resource: str, count: int, **
     )
 
 
-async def slurm_gpus(kube: AsyncClient, name: str, namespace: str, message: str) -> None:
-    """What the scheduler writes before it binds (a strategic status patch)."""
-    condition = {
-        "type": CONDITION_SLURM_GPUS,
-        "status": "True",
-        "reason": "AllocatedBySlurm",
-        "message": message,
-    }
-    await kube.patch(Pod.Status, name, {"status": {"conditions": [condition]}}, namespace=namespace)
+async def slurm_gpus(kube: AsyncClient, name: str, namespace: str, gpus: tuple[int, ...]) -> None:
+    """What the scheduler writes before it binds: its own patch of pods/status."""
+    patch = slurm_gpus_patch(gpus, datetime.datetime.now(datetime.UTC))
+    await kube.patch(Pod.Status, name, patch, namespace=namespace, patch_type=PatchType.STRATEGIC)
 
 
-async def create_and_bind(kube: AsyncClient, pod: Pod, node: str, gpus: str | None = None) -> str:
+async def create_and_bind(
+    kube: AsyncClient, pod: Pod, node: str, gpus: tuple[int, ...] = ()
+) -> str:
     assert pod.metadata is not None
     assert pod.metadata.name
     assert pod.metadata.namespace
     name, namespace = pod.metadata.name, pod.metadata.namespace
     created = await kube.create(pod)
-    if gpus is not None:
+    if gpus:
         await slurm_gpus(kube, name, namespace, gpus)
     assert created.metadata is not None
     assert created.metadata.uid
@@ -196,7 +196,7 @@ async def test_a_pod_gets_exactly_the_gpus_slurm_allocated(
     await listed(kube, gpu_plugin)
     image = kubelet_nodes.images.slurm.ref
     pod = gpu_pod("slurm-placed", namespace, image, GPU_RESOURCE, 2)
-    name = await create_and_bind(kube, pod, gpu_plugin.node, gpus="2,3")
+    name = await create_and_bind(kube, pod, gpu_plugin.node, gpus=(2, 3))
     try:
         got = await finished(kube, name, namespace)
         out = await logs(kube, name, namespace)

@@ -5,11 +5,13 @@ kubelets). The device files are stand-ins made with mknod: no GPU here."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -24,8 +26,9 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Pod
 
+from sunk.api import CONDITION_SLURM_GPUS
 from sunk.gpus import choice
-from sunk.gpus.choice import CONDITION_SLURM_GPUS, BoundPod, bound_pod, parse_gpus
+from sunk.gpus.choice import BoundPod, bound_pod, parse_gpus
 from sunk.gpus.plugin import GpuInventory, GpuPlugin, NodeGpusPlugin, SocketDirs, serving
 from sunk.gpus.proto import deviceplugin_pb2 as dp
 from sunk.gpus.proto import deviceplugin_pb2_grpc as dp_grpc
@@ -234,8 +237,10 @@ class FakePods:
 
 
 class Served:
-    def __init__(self, dirs: SocketDirs, pods: FakePods, devices: Path) -> None:
-        self.dirs, self.pods, self.devices = dirs, pods, devices
+    def __init__(
+        self, dirs: SocketDirs, pods: FakePods, devices: Path, inventory: GpuInventory
+    ) -> None:
+        self.dirs, self.pods, self.devices, self.inventory = dirs, pods, devices, inventory
 
     def plugin(self, resource: str) -> dp_grpc.DevicePluginStub:
         channel = grpc.aio.insecure_channel(f"unix:{self.dirs.plugin_socket(resource)}")
@@ -260,7 +265,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     gpus = GpuPlugin(GPU, "kn-1", inventory, pods, host)
     node_gpus = NodeGpusPlugin(NODE_GPUS, "kn-1", inventory, pods, host, SLURM_NS)
     async with serving(GPU, gpus, dirs), serving(NODE_GPUS, node_gpus, dirs):
-        yield Served(dirs, pods, devices)
+        yield Served(dirs, pods, devices, inventory)
     assert list(dirs.registry_dir.iterdir()) == []  # deregistered
     assert list(dirs.socket_dir.iterdir()) == []
 
@@ -284,12 +289,24 @@ async def test_registration_names_the_resource_and_the_socket_as_the_kubelet_see
 async def test_devices_are_listed_and_follow_the_directory(served: Served) -> None:
     options = await served.plugin(GPU).GetDevicePluginOptions(dp.Empty())
     assert options.get_preferred_allocation_available
-    stream = served.plugin(GPU).ListAndWatch(dp.Empty())
-    first = await stream.read()
-    assert [(d.ID, d.health) for d in first.devices] == [(str(i), "Healthy") for i in range(4)]  # type: ignore[union-attr]
+    gpus = served.plugin(GPU).ListAndWatch(dp.Empty())
     nodes = served.plugin(NODE_GPUS).ListAndWatch(dp.Empty())
-    assert [d.ID for d in (await nodes.read()).devices] == ["all"]  # type: ignore[union-attr]
-    stream.cancel()
+
+    async def listed(stream: Any) -> list[tuple[str, str]]:
+        answer = await asyncio.wait_for(stream.read(), 5)
+        return [(d.ID, d.health) for d in answer.devices]
+
+    assert await listed(gpus) == [(str(i), "Healthy") for i in range(4)]
+    assert await listed(nodes) == [("all", "Healthy")]
+    (served.devices / "nvidia3").unlink()
+    assert served.inventory.scan()
+    assert await listed(gpus) == [(str(i), "Healthy") for i in range(3)] + [("3", "Unhealthy")]
+    for index in range(3):
+        (served.devices / f"nvidia{index}").unlink()
+    assert served.inventory.scan()
+    assert await listed(nodes) == []  # no GPU: no device (one answer, not one per change)
+    assert await listed(gpus) == [(str(i), "Unhealthy") for i in range(4)]
+    gpus.cancel()
     nodes.cancel()
 
 

@@ -28,10 +28,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sunk.api import DOMAIN, GROUP
+from sunk.api import CONDITION_SLURM_GPUS, GROUP
 
-# The scheduler's condition (see sunk.scheduler.pod_writes.slurm_gpus_patch).
-CONDITION_SLURM_GPUS = f"{DOMAIN}/SlurmGPUs"
 NODESET_KIND = "NodeSet"
 # The one device of the node resource.
 ALL_GPUS = "all"
