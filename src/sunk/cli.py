@@ -334,9 +334,6 @@ def gpu_plugin(
     resource: Annotated[
         str, typer.Option(help="Extended resource of the GPUs, one device per GPU.")
     ] = "nvidia.com/gpu",
-    node_resource: Annotated[
-        str, typer.Option(help="Extended resource of one device: every GPU (slurmd's).")
-    ] = "sunk.dev/node-gpus",
     device_dir: Annotated[
         Path, typer.Option(help="Where the GPUs' device files (nvidiaN) are found.")
     ] = Path("/dev"),
@@ -369,7 +366,6 @@ def gpu_plugin(
                 node=node_name,
                 slurmd_namespace=slurmd_namespace,
                 resource=resource,
-                node_resource=node_resource,
                 device_dir=device_dir,
                 host_device_dir=host_device_dir,
                 socket_dir=socket_dir,

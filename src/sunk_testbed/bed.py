@@ -26,6 +26,7 @@ from typing import Any
 
 from lightkube import AsyncClient, codecs
 
+from sunk.api import RESOURCE_NODE_GPUS
 from sunk.kube.client import kube_client
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, ensure_binaries
@@ -52,6 +53,9 @@ NODE_PREFIX = "local-"
 # slurm.conf KillWait, told to the scheduler: a pod's default 30 s grace period
 # fits (the scheduler refuses pods whose grace exceeds KillWait minus 1 s).
 KILL_WAIT = 32
+# GPUs of every node: stand-in device files (no GPU here) that sunk's GPU
+# plugin serves to the slurmd pods and to the pods the scheduler places.
+GPUS = 4
 
 
 @dataclass(frozen=True)
@@ -199,8 +203,20 @@ class Bed:
                 kill_wait=KILL_WAIT,
                 # Pods of the default namespace run in Slurm as the researcher.
                 tenants=[{"namespaces": ["default"], "uids": str(USER_UID), "user": USER_UID}],
+                gpu_plugin={
+                    "deviceDir": str(charts.stand_in_gpus(self.state_dir / "gpus", GPUS)),
+                    "kubeletRootDir": f"{node_bed.group.dir}/{{node}}/kubelet",
+                },
             ),
             values_file=self.files / "sunk-values.yaml",
+        )
+        # The slurmd pods get every GPU from the plugin: the NodeSet asks for
+        # them where the node offers them, so the nodes must offer them first.
+        await charts.wait_until(
+            "the GPU plugin serving every node",
+            lambda: charts.nodes_offer(client, names, RESOURCE_NODE_GPUS),
+            120,
+            interval=1,
         )
         secret = charts.registry_auth_secret(NAMESPACE, private, *self.private_registry().login())
         await client.apply(codecs.from_dict(secret), force=True)
@@ -213,6 +229,7 @@ class Bed:
             private_registry=private,
             topology_levels=[charts.ZONE_LABEL],
             identity=IDENTITY,
+            gpus=GPUS,
         )
         await charts.install(
             helm,

@@ -14,6 +14,7 @@ import base64
 import datetime
 import json
 import os
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import yaml
 from lightkube import AsyncClient, codecs
 from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Pod, Secret, ServiceAccountToken
+from lightkube.resources.core_v1 import Node, Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
 from sunk_testbed.helm import Helm, HelmError
@@ -64,6 +65,7 @@ def slurm_values(
     private_registry: str = "",
     topology_levels: Sequence[str] = (),
     identity: str = "static",
+    gpus: int = 0,
 ) -> dict[str, Any]:
     """Values of the slurm chart for the bed: one NodeSet on the nodes labelled
     `sunk.dev/pool=compute`, homes from the host's `home`, every pod from the
@@ -76,7 +78,9 @@ def slurm_values(
     node labels, which sunk's operator keeps (none: no topology plugin); on
     25.05+ also blocks of two on the first of them.
     `identity`: `static` (the users in /etc/passwd) or `ldap` (the chart's
-    in-chart directory, seeded with the same users and keys, on a volume)."""
+    in-chart directory, seeded with the same users and keys, on a volume).
+    `gpus`: the GPUs of every node, whose device files sunk's GPU plugin
+    hands the slurmd pods (`stand_in_gpus`): gres.conf names them."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
     # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
     # node. The bed has no mailer.
@@ -84,6 +88,7 @@ def slurm_values(
         "MailProg": SANDBOX_SETTINGS["MailProg"],
         "SlurmdParameters": SANDBOX_SETTINGS["SlurmdParameters"],
         "DefMemPerCPU": 200,
+        **({"GresTypes": "gpu"} if gpus else {}),
     }
     home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
     home_mount = {"name": "home", "mountPath": "/home"}
@@ -134,6 +139,9 @@ def slurm_values(
             "registryAuthSecret": PRIVATE_REGISTRY_PULL if private_registry else "",
         },
         "topology": _topology(topology_levels, slurm_release),
+        # On GPU nodes `AutoDetect=nvidia` finds the GPUs through their
+        # driver; the bed's stand-in devices have none, so gres.conf names them.
+        "gresConfig": f"Name=gpu File=/dev/nvidia[0-{gpus - 1}]\n" if gpus else "",
     }
 
 
@@ -200,11 +208,13 @@ def cluster_values(
     kill_wait: int = 30,
     replicas: int = 1,
     tenants: list[dict[str, Any]] | None = None,
+    gpu_plugin: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Values of the sunk-cluster chart beside slurm release `release`: one
     replica of each component and of `sunk tokens` (a two-core machine) from
     the bed's sunk image;
-    `tenants`, the scheduler's tenancy (none: no namespace served)."""
+    `tenants`, the scheduler's tenancy (none: no namespace served);
+    `gpu_plugin`, the GPU plugin's values (none: not run)."""
     values: dict[str, Any] = {
         "slurm": {
             "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
@@ -217,8 +227,27 @@ def cluster_values(
         "syncer": {"replicas": replicas},
         "scheduler": {"replicas": replicas, "killWait": kill_wait, "tenants": tenants or []},
         "image": {"repository": _repository(image), "tag": image.tag},
+        "gpuPlugin": {"enabled": True, **gpu_plugin} if gpu_plugin else {"enabled": False},
     }
     return values
+
+
+GPU_MAJOR = 195  # NVIDIA's character device major
+
+
+def stand_in_gpus(directory: Path, count: int) -> Path:
+    """`count` stand-in GPU device files, nvidia0..: character devices of
+    NVIDIA's major number with no driver behind them (opening one fails with
+    ENXIO, where a device cgroup that denies it gives EPERM). No GPU exists
+    on this machine; the bed's nodes share these."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index in range(count):
+        path = directory / f"nvidia{index}"
+        if not path.is_char_device():
+            path.unlink(missing_ok=True)
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(GPU_MAJOR, index))
+            path.chmod(0o666)
+    return directory
 
 
 VOLUME_COUNT = 4
@@ -298,6 +327,16 @@ def ssh_argv(key: Path, user: str, address: str, command: Sequence[str] = ()) ->
         f"{user}@{address}",
         *command,
     ]
+
+
+async def nodes_offer(kube: AsyncClient, names: Sequence[str], resource: str) -> bool:
+    """Every named node has `resource` allocatable."""
+    for name in names:
+        node = await kube.get(Node, name)
+        allocatable = (node.status.allocatable if node.status else None) or {}
+        if allocatable.get(resource, "0") in ("", "0"):
+            return False
+    return True
 
 
 async def pod_ip(kube: AsyncClient, namespace: str, selector: Mapping[str, str]) -> str | None:

@@ -42,10 +42,11 @@ from lightkube.types import PatchType
 from plugins.kube import TEST_LABEL
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import wait_for
+from sunk.api import RESOURCE_NODE_GPUS as NODE_RESOURCE
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import install_crds
 from sunk.gpus.plugin import KubeBoundPods
-from sunk.gpus.run import GPU_RESOURCE, NODE_RESOURCE, GpuPluginConfig, run_plugin
+from sunk.gpus.run import GPU_RESOURCE, GpuPluginConfig, run_plugin
 from sunk.kube.raw import bind_pod
 from sunk.scheduler.pod_writes import slurm_gpus_patch
 

@@ -26,7 +26,7 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Pod
 
-from sunk.api import CONDITION_SLURM_GPUS
+from sunk.api import CONDITION_SLURM_GPUS, RESOURCE_NODE_GPUS
 from sunk.gpus import choice
 from sunk.gpus.choice import BoundPod, bound_pod, parse_gpus
 from sunk.gpus.plugin import GpuInventory, GpuPlugin, NodeGpusPlugin, SocketDirs, serving
@@ -37,7 +37,7 @@ from sunk.gpus.proto import pluginregistration_pb2_grpc as reg_grpc
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 GPU = "nvidia.com/gpu"
-NODE_GPUS = "sunk.dev/node-gpus"
+NODE_GPUS = RESOURCE_NODE_GPUS
 SLURM_NS = "slurm"
 
 

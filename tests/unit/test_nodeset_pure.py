@@ -8,7 +8,7 @@ import pytest
 from lightkube.models.core_v1 import Node, NodeAddress, NodeSpec, NodeStatus, PodSpec, Taint
 from lightkube.models.meta_v1 import ObjectMeta
 
-from sunk.api import LABEL_NODE, LABEL_NODESET, LABEL_TEMPLATE_HASH
+from sunk.api import LABEL_NODE, LABEL_NODESET, LABEL_TEMPLATE_HASH, RESOURCE_NODE_GPUS
 from sunk.api import nodeset as api
 from sunk.nodeset.feasibility import feasible
 from sunk.nodeset.ownership import Claimant, assign
@@ -260,6 +260,26 @@ class TestBuildPod:
         env = {e.name: e.value for e in pod.spec.containers[1].env or []}
         assert env == {"SLURMD_NODENAME": "gpu-n7", "SLURMD_CONF": "Feature=gpu"}
         assert all(t in (pod.spec.tolerations or []) for t in DAEMON_TOLERATIONS)
+
+    def test_slurmd_takes_every_gpu_where_sunks_device_plugin_serves_them(self) -> None:
+        spec = self.spec()
+        served = node("n7", allocatable={"nvidia.com/gpu": "4", RESOURCE_NODE_GPUS: "1"})
+        pod = build_pod(NodeSetRef("slurm", "gpu", "uid-1"), spec, served, "abc")
+        assert pod.spec is not None
+        slurmd = pod.spec.containers[1].resources
+        assert slurmd is not None
+        assert slurmd.limits == {RESOURCE_NODE_GPUS: "1"}
+        env = {e.name: e.value for e in pod.spec.containers[1].env or []}
+        assert env["SLURMD_CONF"] == "Feature=gpu Gres=gpu:4"
+        # No plugin on the node (or GPUs counted another way): nothing asked of it.
+        plain = build_pod(
+            NodeSetRef("slurm", "gpu", "uid-1"),
+            spec,
+            node("n7", allocatable={"nvidia.com/gpu": "4"}),
+            "abc",
+        )
+        assert plain.spec is not None
+        assert plain.spec.containers[1].resources is None
 
     def test_a_missing_slurmd_container_names_the_field(self) -> None:
         spec = api.NodeSetSpec.model_validate(

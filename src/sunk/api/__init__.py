@@ -16,3 +16,6 @@ TAINT_NODE_LOCK = f"{DOMAIN}/slurm-job"
 # condition, not an annotation: a pod's author may write its annotations but
 # not its status, so sunk's GPU device plugin can trust it.
 CONDITION_SLURM_GPUS = f"{DOMAIN}/SlurmGPUs"
+# The extended resource sunk's GPU device plugin serves to a node's slurmd pod:
+# one device that is every GPU of the node (Slurm then gives each job its own).
+RESOURCE_NODE_GPUS = f"{DOMAIN}/node-gpus"

@@ -111,13 +111,15 @@ async def keep_scanning(inventory: GpuInventory, every: float) -> None:
             log.warning("scanning %s: %s", inventory.device_dir, error)
 
 
-def device_specs(indices: Iterable[int], host_device_dir: Path) -> list[dp.DeviceSpec]:
+def device_specs(
+    indices: Iterable[int], host_device_dir: Path, permissions: str = "rw"
+) -> list[dp.DeviceSpec]:
     """The device files a container gets: the node's nvidiaN at /dev/nvidiaN."""
     return [
         dp.DeviceSpec(
             host_path=device_path(host_device_dir, index),
             container_path=device_path("/dev", index),
-            permissions="rw",
+            permissions=permissions,
         )
         for index in indices
     ]
@@ -267,7 +269,11 @@ class NodeGpusPlugin(_Plugin):
             present = self.inventory.present
             log.info("%s: every GPU %s to %s", self.resource, list(present), pod.key)
             answers.append(
-                dp.ContainerAllocateResponse(devices=device_specs(present, self.host_device_dir))
+                dp.ContainerAllocateResponse(
+                    # slurmd's job cgroups ask for "rwm" (cgroup v1 refuses a
+                    # child more than its parent has).
+                    devices=device_specs(present, self.host_device_dir, "rwm")
+                )
             )
         return dp.AllocateResponse(container_responses=answers)
 

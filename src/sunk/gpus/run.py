@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from sunk.api import RESOURCE_NODE_GPUS
 from sunk.gpus.plugin import (
     BoundPods,
     GpuInventory,
@@ -23,7 +24,6 @@ from sunk.kube.client import kube_client
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
-NODE_RESOURCE = "sunk.dev/node-gpus"
 SOCKET_DIR = Path("/var/lib/kubelet/plugins/sunk.dev")
 REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 
@@ -33,7 +33,6 @@ class GpuPluginConfig:
     node: str
     slurmd_namespace: str
     resource: str = GPU_RESOURCE
-    node_resource: str = NODE_RESOURCE
     device_dir: Path = Path("/dev")
     host_device_dir: Path | None = None  # default: device_dir
     socket_dir: Path = SOCKET_DIR
@@ -51,7 +50,7 @@ async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
     dirs = SocketDirs(config.socket_dir, config.registry_dir, config.host_socket_dir)
     gpus = GpuPlugin(config.resource, config.node, inventory, pods, host_devices)
     node_gpus = NodeGpusPlugin(
-        config.node_resource,
+        RESOURCE_NODE_GPUS,
         config.node,
         inventory,
         pods,
@@ -60,7 +59,7 @@ async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(serving(config.resource, gpus, dirs))
-        await stack.enter_async_context(serving(config.node_resource, node_gpus, dirs))
+        await stack.enter_async_context(serving(RESOURCE_NODE_GPUS, node_gpus, dirs))
         log.info("GPU plugin of node %s: %d GPU(s) found", config.node, len(inventory.present))
         await keep_scanning(inventory, config.rescan_seconds)
 

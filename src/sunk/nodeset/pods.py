@@ -19,13 +19,20 @@ from lightkube.models.core_v1 import (
     NodeSelectorRequirement,
     NodeSelectorTerm,
     PodTemplateSpec,
+    ResourceRequirements,
     Toleration,
 )
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Pod
 from lightkube.utils.quantity import parse_quantity
 
-from sunk.api import LABEL_NODE, LABEL_NODESET, LABEL_TEMPLATE_HASH, TAINT_NODE_LOCK
+from sunk.api import (
+    LABEL_NODE,
+    LABEL_NODESET,
+    LABEL_TEMPLATE_HASH,
+    RESOURCE_NODE_GPUS,
+    TAINT_NODE_LOCK,
+)
 from sunk.api import nodeset as api
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -193,6 +200,12 @@ def build_pod(owner: NodeSetRef, spec: api.NodeSetSpec, node: Node, revision: st
         EnvVar(name="SLURMD_NODENAME", value=name),
         EnvVar(name="SLURMD_CONF", value=slurmd_conf(owner.name, spec.slurm, node)),
     ]
+    if _allocatable(node, RESOURCE_NODE_GPUS):
+        # sunk's device plugin runs on the node: every GPU goes to slurmd,
+        # whose jobs Slurm confines to the GPUs it allocated them.
+        resources = slurmd.resources or ResourceRequirements()
+        resources.limits = {**(resources.limits or {}), RESOURCE_NODE_GPUS: "1"}
+        slurmd.resources = resources
     pod_spec.affinity = _pin_to(node_name, pod_spec.affinity)
     pod_spec.tolerations = _merge_tolerations(pod_spec.tolerations or [], DAEMON_TOLERATIONS)
     pod_spec.hostname = name

@@ -1,0 +1,173 @@
+"""GPUs end to end on the README's cluster (`sunk local up`: real kubelets,
+the charts' pods from images/, Debian's Slurm 26.05), docs/gpus.md.
+
+No GPU exists on this machine: every node's four GPUs are stand-in character
+devices (`/dev/nvidia0`..`3`, NVIDIA's major number, no driver behind them),
+made by `sunk local up` and served by sunk's GPU plugin (its DaemonSet, from
+sunk's image) to the slurmd pods and to the pods sunk's scheduler places.
+Opening one tells what a process may use: the device cgroup lets it through
+and the missing driver answers ENXIO ("usable"), or the cgroup refuses it
+with EPERM ("denied").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+
+from plugins.local_cluster import kubectl, poll_ssh, ssh, summary
+
+pytestmark = pytest.mark.e2e
+
+NODES = ["compute-local-1", "compute-local-2", "compute-local-3"]
+GPUS = 4
+
+# Each /dev/nvidiaN a process sees: usable (ENXIO from the absent driver: the
+# device cgroup let the open through) or denied (EPERM from the cgroup).
+PROBE = """
+import errno, glob, os
+for path in sorted(glob.glob("/dev/nvidia[0-9]*")):
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        seen = "usable"
+    except OSError as error:
+        seen = {errno.ENXIO: "usable", errno.EPERM: "denied"}.get(error.errno, error.strerror)
+    print(path.removeprefix("/dev/nvidia"), seen)
+"""
+
+
+@pytest.fixture
+def cluster(local_cluster: Path) -> Path:
+    return local_cluster
+
+
+def probe(cluster: Path, srun_args: str) -> dict[int, str]:
+    out = ssh(cluster, f"srun {srun_args} python3 -c {shlex.quote(PROBE)}")
+    return {int(index): seen for index, seen in (line.split() for line in out.splitlines())}
+
+
+def indices(expr: str) -> set[int]:
+    """Slurm's "0-1,3" as {0, 1, 3}."""
+    found: set[int] = set()
+    for part in filter(None, expr.split(",")):
+        first, _, last = part.partition("-")
+        found.update(range(int(first), int(last or first) + 1))
+    return found
+
+
+def job_gpus(cluster: Path, job: str) -> set[int]:
+    """The GPU indices `scontrol show job -d` lists for a one-node job."""
+    out = ssh(cluster, f"scontrol -d -o show job {job}")
+    found = re.findall(r"GRES=gpu[^ ]*\(IDX:([0-9,-]+)\)", out)
+    assert len(found) == 1, out
+    return indices(found[0])
+
+
+def wait_running(cluster: Path, job: str) -> None:
+    poll_ssh(cluster, f"squeue -h -j {job} -o %T", lambda out: out.strip() == "RUNNING", 60, 0.5)
+
+
+def test_every_node_offers_its_gpus_and_slurm_counts_them(cluster: Path) -> None:
+    """The plugin found the node's devices: the Kubernetes node offers them
+    (one `nvidia.com/gpu` each, and the slurmd pod's `sunk.dev/node-gpus`),
+    and the Slurm node's GRES says the same count (the NodeSet took it from
+    the node's allocatable, not from a value typed for it)."""
+    nodes = json.loads(kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]
+    offered = {
+        n["metadata"]["name"]: (
+            n["status"]["allocatable"].get("nvidia.com/gpu"),
+            n["status"]["allocatable"].get("sunk.dev/node-gpus"),
+        )
+        for n in nodes
+    }
+    assert offered == {f"local-{i}": (str(GPUS), "1") for i in (1, 2, 3)}
+    out = ssh(cluster, "sinfo -h -N -o '%N %G'")
+    assert dict(line.split() for line in out.splitlines()) == {n: f"gpu:{GPUS}" for n in NODES}
+
+
+def test_a_job_uses_the_gpus_slurm_allocated_it_and_no_other(cluster: Path) -> None:
+    seen = probe(cluster, "-w compute-local-2 --gres=gpu:2 -t 1")
+    assert sorted(seen) == list(range(GPUS)), seen  # every device file is there...
+    usable = {i for i, s in seen.items() if s == "usable"}
+    assert len(usable) == 2, seen  # ...and only its two GPUs open
+    assert {s for i, s in seen.items() if i not in usable} == {"denied"}, seen
+
+
+def test_a_pod_placed_by_the_scheduler_gets_exactly_its_jobs_gpus(cluster: Path) -> None:
+    """Half of every node's GPUs held by batch jobs: the pod's Slurm job gets
+    the other half of one node, and the pod sees exactly those devices
+    (`scontrol show job -d`'s indices), while the batch job beside it uses
+    the others and not the pod's."""
+    info = summary(cluster)
+    batch = {
+        node: ssh(
+            cluster, f"sbatch --parsable -w {node} --gres=gpu:2 -t 5 --wrap 'sleep 300'"
+        ).strip()
+        for node in NODES
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-pod", "namespace": "default"},
+        "spec": {
+            "schedulerName": "sunk-scheduler",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": info["images"]["sunk/slurm"],
+                    "command": [
+                        "sh",
+                        "-c",
+                        "echo devices $(cd /dev && echo nvidia*); "
+                        "echo visible $NVIDIA_VISIBLE_DEVICES; sleep 3600",
+                    ],
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "2"}},
+                }
+            ],
+        },
+    }
+    try:
+        for job in batch.values():
+            wait_running(cluster, job)
+        created = kubectl(cluster, "create", "-f", "-", input=json.dumps(pod))
+        assert created.returncode == 0, created.stderr
+        deadline = time.monotonic() + 150
+        while True:
+            got = json.loads(
+                kubectl(cluster, "get", "pod", "-n", "default", "gpu-pod", "-o", "json").stdout
+            )
+            logs = kubectl(cluster, "logs", "-n", "default", "gpu-pod").stdout
+            if got["status"].get("phase") == "Running" and "visible" in logs:
+                break
+            assert got["status"].get("phase") != "Failed", got["status"]
+            assert time.monotonic() < deadline, (got["status"], logs)
+            time.sleep(1)
+        node = "compute-" + got["spec"]["nodeName"]
+        job = got["metadata"]["annotations"]["sunk.dev/slurm-job-id"]
+        held = job_gpus(cluster, job)
+        assert len(held) == 2
+        words = dict(line.split(" ", 1) for line in logs.splitlines() if " " in line)
+        assert {int(d.removeprefix("nvidia")) for d in words["devices"].split()} == held, logs
+        assert indices(words["visible"].strip()) == held, logs
+        # The batch job on that node: its own two GPUs, and not the pod's.
+        beside = batch[node]
+        assert job_gpus(cluster, beside) == set(range(GPUS)) - held
+        seen = probe(cluster, f"--jobid={beside} --overlap")
+        assert {i for i, s in seen.items() if s == "usable"} == set(range(GPUS)) - held, seen
+        assert {i for i, s in seen.items() if s == "denied"} == held, seen
+    finally:
+        kubectl(cluster, "delete", "pod", "-n", "default", "gpu-pod", "--wait=false")
+        ssh(cluster, f"scancel {' '.join(batch.values())}")
+        poll_ssh(
+            cluster,
+            "squeue -h -o %i",
+            lambda out: not set(out.split()) & set(batch.values()),
+            60,
+            0.5,
+        )
