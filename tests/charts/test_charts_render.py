@@ -257,6 +257,12 @@ CAN_I = [
     ("tokens", "update", "configmaps", "home", "{release}-scheduler-tenancy", False),
     ("scheduler", "get", "secrets", "home", "{release}-scheduler-tenant-tokens", False),
     ("syncer", "get", "secrets", "home", "{release}-syncer-token", False),
+    # The GPU plugin reads the pods bound to its node, and writes nothing.
+    ("gpu-plugin", "list", "pods", "elsewhere", "", True),
+    ("gpu-plugin", "patch", "pods", "elsewhere", "", False),
+    ("gpu-plugin", "patch", "pods/status", "elsewhere", "", False),
+    ("gpu-plugin", "get", "secrets", "home", "slurm-jwt", False),
+    ("gpu-plugin", "patch", "nodes", "", "", False),
 ]
 
 
@@ -275,6 +281,7 @@ async def test_each_component_may_do_what_it_needs_and_no_more(
         f"--set=scheduler.tenants[0].namespaces={{{tenant}}}",
         "--set=scheduler.tenants[0].uids=5000-5099",
         "--set=scheduler.tenants[0].user=5000",
+        "--set=gpuPlugin.enabled=true",
     ]
     out = helm.run(["template", release, str(chart), "-n", namespace, *grant])
     docs = [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]

@@ -16,6 +16,7 @@ import asyncio
 import datetime
 import re
 import secrets
+import shlex
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from lightkube.types import PatchType
 
 from plugins.chart_releases import install_both, remove_both
 from plugins.login_shell import LoginShell
+from plugins.mpi import ALLREDUCE
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import node_states
 from sunk_testbed import charts
@@ -40,7 +42,7 @@ from sunk_testbed.images import DEFAULT_SLURM, ImageSet
 pytestmark = pytest.mark.e2e
 RELEASE = "up"
 USER = charts.User("carol", 2100, "")
-COMPUTE_NODES = 2
+COMPUTE_NODES = 3  # the MPI test's ranks, one per slurmd pod
 OLD, NEW = "24.11", DEFAULT_SLURM
 # Long enough to outlive the controller's upgrade, short enough for CI.
 JOB_SECONDS = 90
@@ -109,12 +111,36 @@ async def cluster(
         await remove_both(helm, kube, namespace, RELEASE, state, before)
 
 
+async def idle_on(shell: LoginShell, nodes: list[str], version: str, timeout: float) -> None:
+    """Every node idle in sinfo, its slurmd of `version`."""
+    idle = "".join(f"(?=[\\s\\S]*{n} idle {re.escape(version)})" for n in nodes)
+    await shell.poll_ssh(f"{nodes} idle on {version}", "sinfo -h -N -o '%N %t %v'", idle, timeout)
+
+
+async def test_srun_mpi_pmix_on_24_11_all_reduces_across_three_slurmd_pods(
+    cluster: Upgrade,
+) -> None:
+    """Direct launch of Open MPI by Slurm (`srun --mpi=pmix`), no mpirun: Debian
+    builds Slurm's PMIx plugin for 24.11 (trixie) and no longer for 26.05
+    (docs/training.md), so it runs here, before the upgrade. One rank per
+    slurmd pod; the ranks sum 8 MiB each over the pods' network."""
+    shell, nodes = cluster.shell, cluster.nodes
+    await idle_on(shell, nodes, OLD, 180)
+    run = await shell.ssh(
+        f"srun --mpi=pmix -N{len(nodes)} --ntasks-per-node=1 -t 1 "
+        f"python3 -c {shlex.quote(ALLREDUCE)} 2>&1",
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout
+    result = next(line for line in run.stdout.splitlines() if line.startswith("ranks "))
+    assert result.split() == ["ranks", "3", "sum", "6", "buffer", "6.0", "hosts", *nodes]
+
+
 async def test_a_running_job_survives_helm_upgrade_from_24_11_to_26_05(
     cluster: Upgrade, kube: AsyncClient
 ) -> None:
     shell, nodes = cluster.shell, cluster.nodes
-    idle = "".join(f"(?=[\\s\\S]*{n} idle {re.escape(OLD)})" for n in nodes)
-    await shell.poll_ssh(f"{nodes} idle on {OLD}", "sinfo -h -N -o '%N %t %v'", idle, 180)
+    await idle_on(shell, nodes, OLD, 180)
     submitted = await shell.ssh(f"sbatch --parsable -N1 -w {nodes[0]} --wrap 'sleep {JOB_SECONDS}'")
     job = submitted.stdout.strip()
     await shell.poll_ssh("the job running", f"squeue -h -j {job} -o %T", r"RUNNING", 60)
@@ -149,8 +175,7 @@ async def test_a_running_job_survives_helm_upgrade_from_24_11_to_26_05(
         rf"^{job}\|COMPLETED\|0:0",
         JOB_SECONDS + 120,
     )
-    upgraded = "".join(f"(?=[\\s\\S]*{n} idle {re.escape(NEW)})" for n in nodes)
-    await shell.poll_ssh(f"{nodes} idle on {NEW}", "sinfo -h -N -o '%N %t %v'", upgraded, 240)
+    await idle_on(shell, nodes, NEW, 240)
     slurmds = await _container_started(kube, shell.namespace, "slurmd", "slurmd")
     assert len(slurmds) == len(nodes)
     for started in slurmds:

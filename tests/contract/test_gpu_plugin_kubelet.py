@@ -46,7 +46,7 @@ from sunk.api import RESOURCE_NODE_GPUS as NODE_RESOURCE
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import install_crds
 from sunk.gpus.plugin import KubeBoundPods
-from sunk.gpus.run import GPU_RESOURCE, GpuPluginConfig, run_plugin
+from sunk.gpus.run import GpuPluginConfig, run_plugin
 from sunk.kube.raw import bind_pod
 from sunk.scheduler.pod_writes import slurm_gpus_patch
 
@@ -54,6 +54,12 @@ pytestmark = pytest.mark.contract
 
 NVIDIA_MAJOR = 195
 NOBODY = "nobody-serves-this"  # a schedulerName: the pods stay unbound until the test binds them
+
+
+# The GPUs' resource here: not nvidia.com/gpu, which the kubelet keeps managing
+# (at zero) once a plugin has served it, and which the scheduler's e2e bed
+# advertises on these same nodes by a status patch the kubelet would overwrite.
+GPU_RESOURCE = "contract.sunk.dev/gpu"
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ async def gpu_plugin(
         node=node,
         # The plugin's --slurmd-namespace, made by the NodeSet test.
         slurmd_namespace=f"t-gpu-plugin-slurm-{secrets.token_hex(3)}",
+        resource=GPU_RESOURCE,
         device_dir=devices,
         socket_dir=kubelet_dir / "plugins" / "sunk.dev",
         registry_dir=kubelet_dir / "plugins_registry",
