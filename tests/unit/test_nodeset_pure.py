@@ -17,6 +17,7 @@ from sunk.nodeset.pods import (
     NodeSetRef,
     SpecError,
     build_pod,
+    gpu_plugin_not_serving,
     gpu_type,
     slurm_node_name,
     slurmd_conf,
@@ -280,6 +281,12 @@ class TestBuildPod:
         )
         assert plain.spec is not None
         assert plain.spec.containers[1].resources is None
+
+    def test_a_node_whose_gpu_plugin_is_not_back_yet_waits(self) -> None:
+        # The kubelet keeps a plugin's resource at 0 until the plugin is back.
+        assert gpu_plugin_not_serving(node(allocatable={RESOURCE_NODE_GPUS: "0"}))
+        assert not gpu_plugin_not_serving(node(allocatable={RESOURCE_NODE_GPUS: "1"}))
+        assert not gpu_plugin_not_serving(node(allocatable={"cpu": "4"}))  # no plugin there
 
     def test_a_missing_slurmd_container_names_the_field(self) -> None:
         spec = api.NodeSetSpec.model_validate(

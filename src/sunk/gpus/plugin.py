@@ -142,6 +142,8 @@ class _Plugin(dp_grpc.DevicePluginServicer):
         self.inventory = inventory
         self.pods = pods
         self.host_device_dir = host_device_dir
+        # Set once the kubelet has read the device list (ListAndWatch).
+        self.listed = asyncio.Event()
 
     async def PreStartContainer(
         self, request: dp.PreStartContainerRequest, context: Context
@@ -168,6 +170,7 @@ class GpuPlugin(_Plugin):
             ]
             log.info("%s: listing %s", self.resource, [(d.ID, d.health) for d in devices])
             yield dp.ListAndWatchResponse(devices=devices)
+            self.listed.set()
 
     async def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest, context: Context
@@ -243,14 +246,13 @@ class NodeGpusPlugin(_Plugin):
     async def ListAndWatch(
         self, request: dp.Empty, context: Context
     ) -> AsyncIterator[dp.ListAndWatchResponse]:
-        listed: bool | None = None
-        async for present in self.inventory.watch():
-            if bool(present) == listed:
-                continue
-            listed = bool(present)
-            devices = [dp.Device(ID=ALL_GPUS, health=HEALTHY)] if present else []
-            log.info("%s: listing %s", self.resource, [d.ID for d in devices])
-            yield dp.ListAndWatchResponse(devices=devices)
+        # Always the one device, whatever the GPUs found (none, even): a node
+        # whose allocatable shows it at 0 is then one whose plugin does not
+        # serve it yet (a kubelet just restarted), which the NodeSet waits
+        # for, never a node without GPUs, which would wait for ever.
+        log.info("%s: listing %s", self.resource, [ALL_GPUS])
+        yield dp.ListAndWatchResponse(devices=[dp.Device(ID=ALL_GPUS, health=HEALTHY)])
+        await asyncio.Event().wait()  # the stream stays open: the kubelet reads it
 
     async def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest, context: Context

@@ -59,6 +59,9 @@ async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(serving(config.resource, gpus, dirs))
+        # slurmd's resource only once the kubelet counts the GPUs: a node that
+        # offers it offers them too, and its slurmd pod's GRES counts them all.
+        await gpus.listed.wait()
         await stack.enter_async_context(serving(RESOURCE_NODE_GPUS, node_gpus, dirs))
         log.info("GPU plugin of node %s: %d GPU(s) found", config.node, len(inventory.present))
         await keep_scanning(inventory, config.rescan_seconds)

@@ -47,6 +47,7 @@ from sunk.nodeset.pods import (
     NodeSetRef,
     SpecError,
     build_pod,
+    gpu_plugin_not_serving,
     slurm_node_name,
     template_hash,
 )
@@ -342,6 +343,11 @@ class NodeSetController:
             case CreatePod(node=node_name):
                 node = self._nodes.get(node_name)
                 if node is None:
+                    return
+                if gpu_plugin_not_serving(node):
+                    log.info(
+                        "node %s: its GPU plugin does not serve it yet; its pod waits", node_name
+                    )
                     return
                 pod = build_pod(ref, spec, node, revision)
                 try:

@@ -106,6 +106,16 @@ def _allocatable(node: Node, resource: str) -> Any:
     return parse_quantity(value) if value is not None else None
 
 
+def gpu_plugin_not_serving(node: Node) -> bool:
+    """sunk's GPU plugin served the node and does not now (its kubelet has just
+    restarted: the kubelet keeps the resource at 0 until the plugin is back).
+    A slurmd pod made now would get no GPU and count none; it waits instead.
+    (The plugin serves `sunk.dev/node-gpus` on every node it runs on, GPUs or
+    none, so a node without GPUs never waits.)"""
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    return RESOURCE_NODE_GPUS in allocatable and not _allocatable(node, RESOURCE_NODE_GPUS)
+
+
 def slurmd_conf(nodeset: str, spec: api.SlurmNodeSpec, node: Node) -> str:
     """The --conf line of a dynamic node: features and resources.
 
