@@ -42,7 +42,6 @@ from lightkube.types import PatchType
 from plugins.kube import TEST_LABEL
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import wait_for
-from sunk.api import RESOURCE_NODE_GPUS as NODE_RESOURCE
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import install_crds
 from sunk.gpus.plugin import KubeBoundPods
@@ -60,6 +59,9 @@ NOBODY = "nobody-serves-this"  # a schedulerName: the pods stay unbound until th
 # (at zero) once a plugin has served it, and which the scheduler's e2e bed
 # advertises on these same nodes by a status patch the kubelet would overwrite.
 GPU_RESOURCE = "contract.sunk.dev/gpu"
+# Likewise for slurmd's resource: at 0 on a node, the NodeSet would make no
+# slurmd pod there (it waits for the plugin), and later modules use the node.
+NODE_RESOURCE = "contract.sunk.dev/node-gpus"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ async def gpu_plugin(
         # The plugin's --slurmd-namespace, made by the NodeSet test.
         slurmd_namespace=f"t-gpu-plugin-slurm-{secrets.token_hex(3)}",
         resource=GPU_RESOURCE,
+        node_resource=NODE_RESOURCE,
         device_dir=devices,
         socket_dir=kubelet_dir / "plugins" / "sunk.dev",
         registry_dir=kubelet_dir / "plugins_registry",

@@ -33,6 +33,8 @@ class GpuPluginConfig:
     node: str
     slurmd_namespace: str
     resource: str = GPU_RESOURCE
+    # What NodeSets ask for; a test on shared nodes serves another name.
+    node_resource: str = RESOURCE_NODE_GPUS
     device_dir: Path = Path("/dev")
     host_device_dir: Path | None = None  # default: device_dir
     socket_dir: Path = SOCKET_DIR
@@ -50,7 +52,7 @@ async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
     dirs = SocketDirs(config.socket_dir, config.registry_dir, config.host_socket_dir)
     gpus = GpuPlugin(config.resource, config.node, inventory, pods, host_devices)
     node_gpus = NodeGpusPlugin(
-        RESOURCE_NODE_GPUS,
+        config.node_resource,
         config.node,
         inventory,
         pods,
@@ -62,7 +64,7 @@ async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
         # slurmd's resource only once the kubelet counts the GPUs: a node that
         # offers it offers them too, and its slurmd pod's GRES counts them all.
         await gpus.listed.wait()
-        await stack.enter_async_context(serving(RESOURCE_NODE_GPUS, node_gpus, dirs))
+        await stack.enter_async_context(serving(config.node_resource, node_gpus, dirs))
         log.info("GPU plugin of node %s: %d GPU(s) found", config.node, len(inventory.present))
         await keep_scanning(inventory, config.rescan_seconds)
 
