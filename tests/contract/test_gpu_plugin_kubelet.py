@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import os
 import secrets
-import stat
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -48,10 +46,10 @@ from sunk.gpus.plugin import KubeBoundPods
 from sunk.gpus.run import GpuPluginConfig, run_plugin
 from sunk.kube.raw import bind_pod
 from sunk.scheduler.pod_writes import slurm_gpus_patch
+from sunk_testbed import charts
 
 pytestmark = pytest.mark.contract
 
-NVIDIA_MAJOR = 195
 NOBODY = "nobody-serves-this"  # a schedulerName: the pods stay unbound until the test binds them
 
 
@@ -77,12 +75,7 @@ async def gpu_plugin(
     """The plugin for the last node, with four stand-in devices."""
     node = kubelet_nodes.names[-1]
     kubelet_dir = kubelet_nodes.group.paths(node).kubelet_dir
-    devices = testbed_state_dir / "gpu-plugin" / node / "dev"
-    devices.mkdir(parents=True, exist_ok=True)
-    for index in range(4):
-        path = devices / f"nvidia{index}"
-        if not path.exists():
-            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, index))
+    devices = charts.stand_in_gpus(testbed_state_dir / "gpu-plugin" / node / "dev", 4)
     config = GpuPluginConfig(
         node=node,
         # The plugin's --slurmd-namespace, made by the NodeSet test.
