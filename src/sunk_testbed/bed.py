@@ -28,6 +28,7 @@ from lightkube import AsyncClient, codecs
 
 from sunk.api import RESOURCE_NODE_GPUS
 from sunk.kube.client import kube_client
+from sunk.slurm.hostlist import expand
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, ensure_binaries
 from sunk_testbed.helm import Helm, ensure_helm
@@ -264,6 +265,18 @@ class Bed:
             interval=0.5,
         )
         log(f"{len(nodes)} compute nodes run jobs in {time.monotonic() - t2:.1f}s")
+        # The operator writes the topology as nodes join, and slurmctld's
+        # sidecar applies each version with `scontrol reconfigure`, which drops
+        # what was made at run time (a partition an admin just created): the
+        # cluster is ready once the topology in force places every node.
+        t3 = time.monotonic()
+        await charts.wait_until(
+            "the topology in force in slurmctld placing every compute node",
+            lambda: asyncio.to_thread(self._topology_places, key, login, nodes),
+            120,
+            interval=1,
+        )
+        log(f"topology applied in {time.monotonic() - t3:.1f}s")
         t4 = time.monotonic()
         await charts.wait_until(
             "accounting (sacct) answering",
@@ -287,6 +300,16 @@ class Bed:
         proc = self.ssh(key, login, ["sinfo -h -N -o '%N %t'"], timeout=30)
         states = dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
         return all(states.get(node) == "idle" for node in nodes)
+
+    def _topology_places(self, key: Path, login: str, nodes: Sequence[str]) -> bool:
+        proc = self.ssh(key, login, ["scontrol show topology"], timeout=30)
+        placed = {
+            name
+            for word in proc.stdout.split()
+            if word.startswith("Nodes=")
+            for name in expand(word.removeprefix("Nodes="))
+        }
+        return set(nodes) <= placed
 
     def _accounting_up(self, key: Path, login: str) -> bool:
         return self.ssh(key, login, ["sacct -n -X"], timeout=30).returncode == 0

@@ -515,6 +515,9 @@ async def test_an_apiserver_outage_leaves_one_leader_each_and_fresh_caches(
             await wait_for("the cluster settled", lambda: _all_back(cluster), timeout=240)
 
 
+# `up`'s own limits (its waits, 900 s in all) end it first, with what it
+# waited for; pytest's would hide that.
+@pytest.mark.timeout(1300)
 def test_down_then_up_brings_the_same_cluster_back(cluster: Path) -> None:
     """Last in the module: the Slurm state (accounting, the controller's state)
     lives on the bed's volumes, so jobs of before are still in sacct."""
