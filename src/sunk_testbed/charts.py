@@ -168,6 +168,8 @@ def _ldap_server(image: Image) -> dict[str, Any]:
             "image": {"repository": _repository(image), "tag": image.tag},
             "persistence": {"storageClassName": STORAGE_CLASS},
         },
+        # Every directory group an account, looked at every 5 s.
+        "accounts": {"enabled": True, "interval": 5},
     }
 
 

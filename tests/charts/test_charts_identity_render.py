@@ -284,6 +284,14 @@ def test_an_external_directory_needs_no_server_and_may_be_read_anonymously(
         ),
         ({"provider": "ldap", "ldap": {"minUid": 0}}, r"identity[./]ldap[./]minUid"),
         ({"provider": "ldap", "ldap": {"sever": {}}}, r"sever"),
+        (
+            {"provider": "static", "ldap": {"accounts": {"enabled": True}}},
+            r"identity\.ldap\.accounts\.enabled: directory groups need identity\.provider ldap",
+        ),
+        (
+            {"provider": "ldap", "ldap": {"uri": "ldap://x", "accounts": {"groups": ["a b"]}}},
+            r"identity[./]ldap[./]accounts[./]groups",
+        ),
     ],
     ids=[
         "unknown-provider",
@@ -295,6 +303,8 @@ def test_an_external_directory_needs_no_server_and_may_be_read_anonymously(
         "base-not-dc",
         "min-uid-too-low",
         "unknown-key",
+        "accounts-without-directory",
+        "accounts-group-not-a-name",
     ],
 )
 def test_bad_identity_values_are_refused_naming_the_field(
@@ -302,3 +312,62 @@ def test_bad_identity_values_are_refused_naming_the_field(
 ) -> None:
     error = refused(helm, tmp_path, {"identity": identity_values})
     assert re.search(named, error), error
+
+
+def test_directory_groups_as_accounts_run_beside_slurmdbd_as_slurmuser(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """`identity.ldap.accounts`: a loop in the slurmdbd pod (sacctmgr over
+    munge as SlurmUser, the directory through the pod's nslcd), its settings
+    in a file it re-reads; off by default, and only with accounting."""
+    assert "directory-accounts" not in {
+        c["name"] for c in pod_specs(render(helm, tmp_path, SEEDED))["rel-slurmdbd"]["containers"]
+    }
+    values = {
+        **SEEDED,
+        "identity": {
+            **SEEDED["identity"],
+            "ldap": {
+                "server": {"enabled": True},
+                "accounts": {"enabled": True, "groups": ["research"]},
+            },
+        },
+    }
+    docs = render(helm, tmp_path, values)
+    spec = pod_specs(docs)["rel-slurmdbd"]
+    (loop,) = (c for c in spec["containers"] if c["name"] == "directory-accounts")
+    assert loop["command"][-1] == "/scripts/directory_accounts.json"
+    assert loop["securityContext"]["runAsUser"] == 64030  # slurm: SlurmUser
+    assert loop["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"] for m in loop["volumeMounts"]}
+    assert {"/run/munge", "/run/nslcd", "/etc/nsswitch.conf", "/etc/slurm", "/scripts"} <= mounts
+    scripts = of_kind(docs, "ConfigMap")["rel-scripts"]["data"]
+    assert yaml.safe_load(scripts["directory_accounts.json"]) == {
+        "groups": ["research"],
+        "interval": 30,
+    }
+    assert "def plan(" in scripts["directory_accounts.py"]
+    values["accounting"] = {"enabled": False}
+    assert "set accounting.enabled too" in refused(helm, tmp_path, values)
+
+
+def test_password_login_and_accounts_roll_only_what_uses_them(helm: Helm, tmp_path: Path) -> None:
+    """Turning `passwordLogin` or `accounts` on replaces the login pods
+    (sshd's PAM) or changes the scripts ConfigMap, never slurmctld nor the
+    slurmd pods: a `helm upgrade` for either leaves running jobs alone."""
+
+    def templates(ldap: dict[str, Any]) -> dict[str, Any]:
+        values = {**SEEDED, "identity": {**SEEDED["identity"], "ldap": ldap}}
+        docs = render(helm, tmp_path, values)
+        return {
+            d["metadata"]["name"]: d["spec"]["template"]
+            for d in docs
+            if d["kind"] in ("StatefulSet", "Deployment", "NodeSet")
+        }
+
+    before = templates({"server": {"enabled": True}})
+    after = templates(
+        {"server": {"enabled": True}, "passwordLogin": True, "accounts": {"enabled": True}}
+    )
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {"rel-login", "rel-slurmdbd"}, changed

@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from plugins.local_cluster import kubectl, poll_ssh, running_slurm_pods, ssh, summary
 from sunk_testbed import charts
-from sunk_testbed.bed import Bed
+from sunk_testbed.bed import NAMESPACE, RELEASE, Bed
+from sunk_testbed.helm import Helm, ensure_helm
 
 pytestmark = pytest.mark.e2e
 
@@ -97,15 +99,49 @@ def test_a_directory_user_logs_in_runs_a_job_under_its_uid_and_is_refused_once_d
         assert fields == [NAME, str(UID), "COMPLETED"], f"{proc.stdout}{proc.stderr}"
         print(f"ldapadd -> job COMPLETED in sacct: {time.monotonic() - started:.1f}s")
         _partition_of_the_directory_group_takes_only_its_members(cluster, key)
+        _the_directory_group_is_an_account(cluster, key)
     finally:
         _directory(
             cluster, "ldapdelete", f"uid={NAME},ou=people,{BASE}\ncn={GROUP},ou=groups,{BASE}\n"
         )
+    # The group gone, its account goes too (its job ended: nothing refuses).
+    poll_ssh(
+        cluster,
+        f"sacctmgr -n -P show account {GROUP} format=account",
+        lambda out: not out.strip(),
+        60,
+    )
 
     refused = _ssh(cluster, key, "true")
     assert refused.returncode == 255, refused.stdout
     assert "Permission denied" in refused.stderr, refused.stderr
     assert running_slurm_pods(cluster) == before  # nothing restarted, nothing replaced
+
+
+def _the_directory_group_is_an_account(cluster: Path, key: Path) -> None:
+    """`identity.ldap.accounts` (every group, every 5 s on the local cluster):
+    the group is an account of sunk's marking, its member has an association
+    and charges a job to it, and sacct says so."""
+    started = time.monotonic()
+    poll_ssh(
+        cluster,
+        f"sacctmgr -n -P show association account={GROUP} format=account,user",
+        lambda out: f"{GROUP}|{NAME}" in out.split(),
+        60,
+    )
+    print(f"group -> Slurm account with its member: {time.monotonic() - started:.1f}s")
+    account = ssh(cluster, f"sacctmgr -n -P show account {GROUP} format=account,organization")
+    assert account.split() == [f"{GROUP}|sunk-directory"], account
+    proc = _ssh(cluster, key, f"sbatch --parsable -A {GROUP} -o /dev/null --wrap true")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    charged = poll_ssh(
+        cluster,
+        f"sacct -n -X -P -j {job} -o Account,User,State",
+        lambda out: out.strip().endswith("COMPLETED"),
+        60,
+    )
+    assert charged.split() == [f"{GROUP}|{NAME}|COMPLETED"], charged
 
 
 def _scontrol(cluster: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -135,16 +171,97 @@ def _partition_of_the_directory_group_takes_only_its_members(cluster: Path, key:
         ):
             assert time.monotonic() < deadline, f"{state.stdout}{state.stderr}"
             time.sleep(1)
-        held = ssh(cluster, f"squeue -h -j {outsider} -o '%T|%r'").strip()
+        # -a: squeue hides jobs of partitions closed to the user's groups.
+        held = ssh(cluster, f"squeue -a -h -j {outsider} -o '%T|%r'").strip()
         assert held.startswith("PENDING|"), held
     finally:
         if outsider:
             ssh(cluster, f"scancel {outsider}")
             poll_ssh(
                 cluster,
-                f"squeue -h -j {outsider} -o %T 2>/dev/null || true",
+                f"squeue -a -h -j {outsider} -o %T 2>/dev/null || true",
                 lambda out: not out.strip(),
                 30,
             )
         deleted = _scontrol(cluster, "delete", f"PartitionName={GROUP}")
         assert deleted.returncode == 0, deleted.stderr
+
+
+PASSWORD = "correct horse battery staple"
+
+
+def _slurm_release(cluster: Path, password_login: bool) -> None:
+    """`helm upgrade` of the local cluster's slurm release with
+    `identity.ldap.passwordLogin` set, then until ssh with the researcher's
+    key works on the (replaced) login pod."""
+    files = cluster / "cluster"
+    values = yaml.safe_load((files / "slurm-values.yaml").read_text())
+    values["identity"]["ldap"]["passwordLogin"] = password_login
+    kubeconfig = Path(summary(cluster)["kubernetes"]["kubeconfig"])
+    helm = Helm(ensure_helm(print), kubeconfig, files / "helm")
+    helm.upgrade_install(
+        RELEASE, "slurm", NAMESPACE, values, values_file=files / "slurm-values-password.yaml"
+    )
+    rolled = kubectl(
+        cluster, "rollout", "status", "-n", NAMESPACE, f"statefulset/{RELEASE}-login",
+        "--timeout=180s", timeout=200,
+    )  # fmt: skip
+    assert rolled.returncode == 0, rolled.stderr
+    poll_ssh(cluster, "id -u", lambda out: out.strip().isdigit(), 120)
+
+
+def _password_ssh(cluster: Path, password: str) -> subprocess.CompletedProcess[str]:
+    """ssh as the directory user with a password only (no key offered), as a
+    person types it: OpenSSH reads it from SSH_ASKPASS."""
+    askpass = cluster / "cluster" / "askpass"
+    askpass.write_text(f"#!/bin/sh\necho '{password}'\n")
+    askpass.chmod(0o700)
+    login = Bed(cluster).login_address()
+    argv = [
+        "ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-o", "PubkeyAuthentication=no",
+        "-o", "PreferredAuthentications=keyboard-interactive,password",
+        "-o", "NumberOfPasswordPrompts=1", f"{NAME}@{login}", "id -u",
+    ]  # fmt: skip
+    env = {**os.environ, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force"}
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, check=False, env=env,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_with_password_login_the_directorys_password_logs_in_and_a_wrong_one_does_not(
+    cluster: Path,
+) -> None:
+    """`identity.ldap.passwordLogin` (off in `sunk local up`, which logs in by
+    key): a `helm upgrade` turns it on; a password an admin set with
+    `ldappasswd` logs the user in over ssh, a wrong one is refused; the upgrade
+    back turns it off again (the login pod is replaced each time)."""
+    _directory(
+        cluster,
+        "ldapadd",
+        f"dn: uid={NAME},ou=people,{BASE}\n"
+        "objectClass: account\nobjectClass: posixAccount\n"
+        f"uid: {NAME}\ncn: {NAME}\nuidNumber: {UID}\ngidNumber: {GID}\n"
+        f"homeDirectory: /home/{NAME}\nloginShell: /bin/bash\n",
+    )
+    try:
+        changed = kubectl(
+            cluster, "exec", "-n", NAMESPACE, f"{RELEASE}-ldap-0", "-c", "slapd", "--",
+            "ldappasswd", "-Q", "-Y", "EXTERNAL", "-H", LDAPI, "-s", PASSWORD,
+            f"uid={NAME},ou=people,{BASE}",
+        )  # fmt: skip
+        assert changed.returncode == 0, changed.stderr
+        _slurm_release(cluster, password_login=True)
+        try:
+            good = _password_ssh(cluster, PASSWORD)
+            assert (good.returncode, good.stdout.strip()) == (0, str(UID)), good.stderr
+            wrong = _password_ssh(cluster, "not " + PASSWORD)
+            assert wrong.returncode == 255, wrong.stdout
+            assert "Permission denied" in wrong.stderr, wrong.stderr
+        finally:
+            _slurm_release(cluster, password_login=False)
+        refused = _password_ssh(cluster, PASSWORD)  # keys only again
+        assert refused.returncode == 255, refused.stdout
+    finally:
+        _directory(cluster, "ldapdelete", f"uid={NAME},ou=people,{BASE}\n")

@@ -343,8 +343,10 @@ def busy_cluster(state: Path) -> Iterator[str]:
     """Every node held by a researcher's exclusive job, local-3 cordoned (sunk
     drains it), and a pod of the scheduler waiting on its Slurm job; all undone
     afterwards. Yields the pod's job id."""
-    # The chart makes no accounts (operators do): the researcher's jobs are
-    # charged to one, as on a production cluster, so per-account series exist.
+    # The researcher's jobs are charged to an account, as on a production
+    # cluster, so per-account series exist: with the directory, its group's
+    # (`identity.ldap.accounts`, the default account); with the static
+    # provider, this one.
     for command in ("add account research", f"add user {USER_NAME} account=research"):
         kubectl(
             state,

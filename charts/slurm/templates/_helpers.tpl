@@ -212,9 +212,12 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- end -}}
 
 {{/* What the pods' identity files come from (a change rolls them); the
-  ldap settings count only with that provider. */}}
+  ldap settings count only with that provider, and not those that only the
+  login pods (passwordLogin: their own checksum/sshd) or slurmdbd's accounts
+  loop (accounts: re-read each pass) use. */}}
 {{- define "slurm.identityChecksum" -}}
-{{- $identity := ternary .Values.identity (omit .Values.identity "ldap") (eq .Values.identity.provider "ldap") -}}
+{{- $withoutLdap := omit .Values.identity "ldap" -}}
+{{- $identity := ternary (set (deepCopy $withoutLdap) "ldap" (omit .Values.identity.ldap "passwordLogin" "accounts")) $withoutLdap (eq .Values.identity.provider "ldap") -}}
 {{- list $identity .Values.admins | toJson | sha256sum | trunc 16 -}}
 {{- end -}}
 
@@ -256,6 +259,11 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- if and $l.uri $l.bindDN (not $l.existingSecret) -}}
 {{- fail "identity.ldap.existingSecret: a Secret with bind-password is needed to bind as identity.ldap.bindDN" -}}
 {{- end -}}
+{{- if and $l.accounts.enabled (not .Values.accounting.enabled) -}}
+{{- fail "identity.ldap.accounts.enabled: accounts live in the accounting database; set accounting.enabled too" -}}
+{{- end -}}
+{{- else if .Values.identity.ldap.accounts.enabled -}}
+{{- fail "identity.ldap.accounts.enabled: directory groups need identity.provider ldap" -}}
 {{- end -}}
 {{- end -}}
 

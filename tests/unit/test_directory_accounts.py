@@ -1,0 +1,116 @@
+"""The slurm chart's directory-accounts loop (charts/slurm/files/directory_accounts.py):
+its pure plan and parsers. A real slapd, nslcd, sacctmgr and slurmdbd run it
+in tests/charts/test_local_up_identity.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "charts" / "slurm" / "files" / "directory_accounts.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("directory_accounts", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+da = _load()
+MARK = da.MARK
+
+
+def test_a_new_group_becomes_an_account_with_its_members() -> None:
+    todo = da.plan({"Research": ["Alice", "bob"]}, {"root": ""}, [("root", ""), ("root", "root")])
+    assert todo.add_accounts == ("research",)
+    assert todo.add_associations == (("research", "alice"), ("research", "bob"))
+    assert (todo.remove_associations, todo.remove_accounts, todo.foreign) == ((), (), ())
+
+
+def test_in_step_means_nothing_to_do() -> None:
+    todo = da.plan(
+        {"research": ["alice"]},
+        {"root": "", "research": MARK},
+        [("research", ""), ("research", "alice")],
+    )
+    assert todo == da.Plan()
+
+
+def test_an_account_made_before_the_cluster_was_registered_is_added_again() -> None:
+    todo = da.plan({"research": ["alice"]}, {"research": MARK}, [])
+    assert todo.add_accounts == ("research",)
+    assert todo.add_associations == (("research", "alice"),)
+
+
+def test_a_member_who_left_loses_the_association_and_a_gone_group_its_account() -> None:
+    todo = da.plan(
+        {"research": ["alice"]},
+        {"research": MARK, "ml": MARK},
+        [("research", "alice"), ("research", "bob"), ("ml", "carol")],
+    )
+    assert todo.remove_associations == (("research", "bob"),)
+    # ml's associations go with the account, not one by one.
+    assert todo.remove_accounts == ("ml",)
+
+
+def test_accounts_and_associations_people_made_are_never_touched() -> None:
+    todo = da.plan(
+        {"research": ["alice"], "ops": ["dave"]},
+        # ops was made by a person (no mark): not adopted, its members not added.
+        {"research": MARK, "ops": "infra", "physics": "uni"},
+        [("research", ""), ("research", "alice"), ("physics", "alice"), ("ops", "erin")],
+    )
+    assert todo.foreign == ("ops",)
+    assert todo == da.Plan(foreign=("ops",))
+
+
+def test_groups_and_members_come_from_getent_including_primary_groups() -> None:
+    group = "research:*:3000:alice,bob\nml:*:3001:\nstaff:*:3002:carol\n"
+    passwd = "dave:x:2000:3001:Dave:/home/dave:/bin/bash\neve:x:2001:9999::/home/eve:/bin/sh\n"
+    assert da.parse_groups(group, passwd, []) == {
+        "research": {"alice", "bob"},
+        "ml": {"dave"},
+        "staff": {"carol"},
+    }
+    assert da.parse_groups(group, passwd, ["ml"]) == {"ml": {"dave"}}
+
+
+def test_sacctmgr_rows() -> None:
+    assert da.parse_table("root|\nresearch|alice\n\n") == [["root", ""], ["research", "alice"]]
+
+
+def test_settings_are_read_from_the_file_each_pass(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text('{"groups": ["research"], "interval": 10}')
+    assert da.settings(path) == (["research"], 10.0)
+    path.write_text('{"groups": [], "interval": 30}')
+    assert da.settings(path) == ([], 30.0)
+
+
+def test_a_directory_that_lists_no_group_removes_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty listing reads the same as an unanswered directory."""
+    answers = {
+        ("sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"): "slurm\n",
+        ("getent", "-s", "ldap", "group"): "",
+        ("getent", "-s", "ldap", "passwd"): "",
+        ("sacctmgr", "-n", "-P", "show", "account", "format=account,organization"): (
+            f"research|{MARK}\n"
+        ),
+        ("sacctmgr", "-n", "-P", "show", "association", "format=account,user"): "research|alice\n",
+    }
+    changes: list[tuple[str, ...]] = []
+    monkeypatch.setattr(da, "run", lambda argv: answers[tuple(argv)])
+    monkeypatch.setattr(da, "sacctmgr", lambda *args: changes.append(args) or True)
+    da.sync([])
+    assert changes == []
+    assert "nothing removed" in capsys.readouterr().out
