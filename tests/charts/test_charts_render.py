@@ -7,14 +7,16 @@ a fresh namespace of the test bed's apiserver, after the chart's CRDs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from lightkube import AsyncClient, codecs
+from lightkube import ApiError, AsyncClient, codecs
 from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authorization_v1 import SubjectAccessReview
@@ -496,3 +498,71 @@ def test_blocks_beside_the_tree_ask_the_operator_for_a_second_topology(helm: Hel
                 f"--set-json=topology={TREE_AND_BLOCKS}", "--set=topology.file=topology.conf",
             ]
         )  # fmt: skip
+
+
+def _gpu_pod(name: str, scheduler: str, node: str | None, *, init: bool = False) -> dict[str, Any]:
+    container = {
+        "name": "c",
+        "image": "registry.invalid/pause:1",
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }
+    spec: dict[str, Any] = {"schedulerName": scheduler}
+    if init:
+        spec["initContainers"] = [container]
+        spec["containers"] = [{"name": "main", "image": "registry.invalid/pause:1"}]
+    else:
+        spec["containers"] = [container]
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def test_gpu_pods_must_be_placed_by_sunks_scheduler(
+    helm: Helm, kube: AsyncClient, namespace: str
+) -> None:
+    """`gpuPlugin.admissionPolicy`, installed on the real apiserver (its binding
+    narrowed to this test's namespace, so no other test's pods meet it): a pod
+    asking for GPUs with another scheduler or its own nodeName is refused
+    when created, naming the field; through sunk's scheduler it is admitted,
+    and so is a pod asking for no GPU."""
+    release = f"r{secrets.token_hex(3)}"
+    out = helm.run(
+        ["template", release, str(CHARTS / "sunk-cluster"), "-n", namespace,
+         "--set=gpuPlugin.enabled=true"]
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"].startswith("ValidatingAdmission")]
+    assert [d["kind"] for d in docs] == [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    docs[1]["spec"]["matchResources"] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    }
+    made = [await kube.create(codecs.from_dict(doc)) for doc in docs]  # type: ignore[call-overload]
+
+    async def refusal(pod: dict[str, Any]) -> str:
+        try:
+            await kube.create(codecs.from_dict(pod), namespace=namespace, dry_run=True)  # type: ignore[call-overload]
+        except ApiError as error:
+            return str(error.status.message)
+        return ""
+
+    try:
+        # The apiserver takes the policy in a moment after it is created.
+        deadline = time.monotonic() + 30
+        while not await refusal(_gpu_pod("probe", "default-scheduler", None)):
+            assert time.monotonic() < deadline, "the policy never took effect"
+            await asyncio.sleep(0.5)
+        elsewhere = await refusal(_gpu_pod("a", "default-scheduler", None))
+        assert "spec.schedulerName: a pod asking for nvidia.com/gpu must be placed by" in elsewhere
+        assert "not by default-scheduler" in elsewhere
+        pinned = await refusal(_gpu_pod("b", "sunk-scheduler", "some-node"))
+        assert "spec.nodeName: a pod asking for nvidia.com/gpu may not name its node" in pinned
+        assert await refusal(_gpu_pod("c", "default-scheduler", None, init=True))
+        assert await refusal(_gpu_pod("d", "sunk-scheduler", None)) == ""
+        plain = _gpu_pod("e", "default-scheduler", "some-node")
+        plain["spec"]["containers"][0]["resources"] = {}
+        assert await refusal(plain) == ""
+    finally:
+        for obj in reversed(made):
+            await kube.delete(type(obj), obj.metadata.name)
