@@ -410,19 +410,24 @@ class Scheduler:
         self._reported.pop(key, None)
         self.metrics.jobs.labels(kind="allocation" if placed.allocated else "batch").inc()
         log.info("submitted job %d for %s", placed.job_id, key)
-        await asyncio.gather(*(self._tolerate_lock(pod, placed.job_id) for pod in pods))
+        tolerated = asyncio.gather(*(self._tolerate_lock(pod, placed.job_id) for pod in pods))
         if not placed.allocated:
+            await tolerated
             return None  # a placeholder in the queue: its start comes as a job event
-        # The allocation runs already: one read of it (a few ms) and the pods are
-        # bound now, not a view poll later.
-        try:
-            job = await self._slurm.read_job(placed.job_id)
-        except SlurmError as exc:
-            log.info("reading job %d failed (%s): the view brings it", placed.job_id, exc)
-            return None
+        # The allocation runs already: one read of it (a few ms, while the pods'
+        # tolerations are written) and the pods are bound now, not a view poll
+        # later; never before their tolerations are in.
+        _, job = await asyncio.gather(tolerated, self._read_placed(placed.job_id))
         if job is not None and job.state == "RUNNING" and not job.preempt_time:
             await self._bind(key, pods, placed.job_id, job)
         return None
+
+    async def _read_placed(self, job_id: int) -> Job | None:
+        try:
+            return await self._slurm.read_job(job_id)
+        except SlurmError as exc:
+            log.info("reading job %d failed (%s): the view brings it", job_id, exc)
+            return None
 
     async def _tolerate_lock(self, pod: Pod, job_id: int) -> None:
         if (patch := lock_toleration_patch(pod, job_id)) is not None:
