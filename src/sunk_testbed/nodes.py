@@ -60,11 +60,6 @@ RUNC = "/usr/sbin/runc"
 CNI_BIN_DIR = "/usr/lib/cni"
 
 
-# kubelet's device plugin registration socket: a constant in kubelet, shared
-# by every kubelet of the room (one mount namespace).
-DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
-
-
 def node_binaries_dir() -> Path:
     name = (
         f"{KUBERNETES_VERSION}-containerd-{CONTAINERD_VERSION}-coredns-{COREDNS_VERSION}"
@@ -239,10 +234,13 @@ class KubeletNodes:
         once can both remove, one then binds and the other dies of EADDRINUSE
         ("Failed to start ContainerManager"). So each starts once the one
         before has bound."""
+        # kubelet's device plugin registration socket: shared by every kubelet
+        # of the room (the room binds its own directory over the fixed path).
+        socket = self.room.device_plugins_dir / "kubelet.sock"
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and self.supervisor.running(daemon):
             with contextlib.suppress(FileNotFoundError):
-                if DEVICE_PLUGIN_SOCKET.stat().st_ctime >= spawned:
+                if socket.stat().st_ctime >= spawned:
                     return
             time.sleep(0.1)
 

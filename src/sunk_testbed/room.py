@@ -43,6 +43,8 @@ _CANDIDATES = [ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(160, 200)]
 _SUBNET_LOCK = Path("/run/lock/sunk-testbed-subnets.lock")
 KUBE_PROXY = "kube-proxy"
 # What kubelet's protectKernelDefaults demands (see the module's docstring).
+# kubelet's DevicePluginPath, a constant not under --root-dir.
+DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": 1, "kernel/panic": 10, "kernel/panic_on_oops": 1}
 
 
@@ -106,6 +108,11 @@ class MachineRoom:
     def mountns_path(self) -> Path:
         return self.dir / "ns" / "mnt"
 
+    @property
+    def device_plugins_dir(self) -> Path:
+        """What the room's kubelets see as /var/lib/kubelet/device-plugins."""
+        return self.dir / "device-plugins"
+
     def enter(self, argv: Sequence[str]) -> list[str]:
         """`argv` run inside the room: its network and mount namespaces."""
         return [
@@ -134,6 +141,17 @@ class MachineRoom:
             fake = settings / key.replace("/", ".")
             fake.write_text(f"{value}\n")
             sh(self._in_mounts(["mount", "--bind", str(fake), f"/proc/sys/{key}"]))
+        # kubelet keeps its device plugin socket and its checkpoint of what
+        # devices pods hold in this fixed directory, whatever its --root-dir.
+        # Shared with the host, a resource one bed's pods held came back (at 0)
+        # on every node of every later bed: a NodeSet there waited for ever.
+        self.device_plugins_dir.mkdir(exist_ok=True)
+        DEVICE_PLUGINS_DIR.mkdir(parents=True, exist_ok=True)
+        sh(
+            self._in_mounts(
+                ["mount", "--bind", str(self.device_plugins_dir), str(DEVICE_PLUGINS_DIR)]
+            )
+        )
 
     def _in_mounts(self, argv: Sequence[str]) -> list[str]:
         """`argv` in the room's mount namespace only (host network)."""
