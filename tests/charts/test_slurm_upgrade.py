@@ -162,8 +162,16 @@ async def test_a_running_job_survives_helm_upgrade_from_24_11_to_26_05(
         240,
     )
     # Still running, unless a slow upgrade outlasted it (sacct below says how it ended).
-    running = await shell.ssh(f"squeue -h -j {job} -o '%T %N'")
-    assert running.stdout.split() in ([], ["RUNNING", nodes[0]], ["COMPLETING", nodes[0]])
+    # Asked until squeue answers: the StatefulSet may still be replacing the
+    # other controller, and a client can meet neither for a moment (seen in CI).
+    answer = await shell.poll_ssh(
+        "squeue answering",
+        f"squeue -h -j {job} -o '%T %N' && echo squeue-answered",
+        r"squeue-answered",
+        60,
+    )
+    running = answer.replace("squeue-answered", "").split()
+    assert running in ([], ["RUNNING", nodes[0]], ["COMPLETING", nodes[0]])
     # Slurm's order: the new slurmctld started after the new slurmdbd.
     [dbd] = await _container_started(kube, shell.namespace, "slurmdbd", "slurmdbd")
     [ctld] = await _container_started(kube, shell.namespace, "slurmctld", "slurmctld")
