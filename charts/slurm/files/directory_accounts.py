@@ -102,15 +102,14 @@ def run(argv: Sequence[str]) -> str:
     return proc.stdout
 
 
-def sacctmgr(*args: str) -> bool:
-    """One change; False (and the reason, logged) when Slurm refuses it."""
+def sacctmgr(*args: str) -> None:
+    """One change, logged; one that Slurm refuses is logged with its reason."""
     try:
         run(["sacctmgr", "-i", *args])
     except RuntimeError as refused:
         print(f"not done, tried again next pass: {refused}", flush=True)
-        return False
+        return
     print("done: sacctmgr " + " ".join(args), flush=True)
-    return True
 
 
 def sync(chosen: Sequence[str]) -> Plan:
@@ -138,7 +137,7 @@ def sync(chosen: Sequence[str]) -> Plan:
         # No group at all reads the same as a directory that did not answer:
         # removing every account on that is not worth the risk.
         print("the directory lists no chosen group: nothing removed this pass", flush=True)
-        todo = Plan(add_accounts=(), foreign=todo.foreign)
+        todo = Plan()
     for name in todo.foreign:
         print(
             f"group {name}: an account of that name exists, not made here; left alone", flush=True
