@@ -42,9 +42,9 @@ from sunk_testbed.procs import Supervisor
 _CANDIDATES = [ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(160, 200)]
 _SUBNET_LOCK = Path("/run/lock/sunk-testbed-subnets.lock")
 KUBE_PROXY = "kube-proxy"
-# What kubelet's protectKernelDefaults demands (see the module's docstring).
 # kubelet's DevicePluginPath, a constant not under --root-dir.
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
+# What kubelet's protectKernelDefaults demands (see the module's docstring).
 KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": 1, "kernel/panic": 10, "kernel/panic_on_oops": 1}
 
 
