@@ -226,11 +226,38 @@ def proc_stats(pid: int) -> dict[str, float]:
     }
     return {
         "cpu_s": (int(fields[11]) + int(fields[12])) / TICKS,
+        "sys_s": int(fields[12]) / TICKS,
         "children_cpu_s": (int(fields[13]) + int(fields[14])) / TICKS,
         "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
         "peak_rss_mib": int(status["VmHWM"].split()[0]) / 1024,
         "threads": int(status["Threads"]),
     }
+
+
+def cpu_by_command() -> dict[str, float]:
+    """CPU seconds of every process on the machine, summed by command name: what
+    a burst cost each part (slurmctld, slurmrestd, kube-apiserver, etcd, ...)."""
+    totals: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "cmdline").read_bytes():
+                continue  # a kernel thread: its name changes with its work
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        totals[comm] = totals.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return totals
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float], top: int = 8) -> str:
+    """The commands that used the most CPU between two `cpu_by_command` readings."""
+    spent = {c: after[c] - before.get(c, 0.0) for c in after}
+    ranked = sorted(((s, c) for c, s in spent.items() if s > 0.05), reverse=True)[:top]
+    return ", ".join(f"{c} {s:.1f}" for s, c in ranked)
 
 
 async def wait_until(

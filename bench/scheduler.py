@@ -45,7 +45,16 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kwok_bed import STAND_INS, kwok_bed, load_average, proc_stats, slurmd_pod, wait_until
+from kwok_bed import (
+    STAND_INS,
+    cpu_by_command,
+    cpu_spent,
+    kwok_bed,
+    load_average,
+    proc_stats,
+    slurmd_pod,
+    wait_until,
+)
 from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
@@ -137,6 +146,7 @@ async def burst(
         "p50": statistics.median(latencies),
         "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "rate": count / span,
+        "span": span,
     }
 
 
@@ -161,6 +171,17 @@ async def jobs_by_kind(port: int) -> str:
 def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def profile(pid: int, name: str) -> subprocess.Popen[bytes] | None:
+    """With BENCH_PYSPY=<py-spy binary> and BENCH_PROFILE_DIR=<dir>: sample the
+    scheduler while it places a burst (py-spy's raw collapsed stacks, <dir>/<name>.txt)."""
+    spy, out = os.environ.get("BENCH_PYSPY"), os.environ.get("BENCH_PROFILE_DIR")
+    if not spy or not out:
+        return None
+    target = Path(out) / f"{name}.txt"
+    argv = [spy, "record", "--pid", str(pid), "--format", "raw", "--nonblocking", "-o", str(target)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def live_jobs(cluster: SlurmCluster) -> int:
@@ -209,8 +230,10 @@ async def bench(
         print(f"{nodes} slurmd pods idle in Slurm; load average {load_average()}", flush=True)
 
         for count in bursts:
+            machine = cpu_by_command()
             results[("kube-scheduler", count)] = await burst(kube, f"k{count}", count, None)
             print(f"kube-scheduler, {count}: {results[('kube-scheduler', count)]}", flush=True)
+            print(f"  CPU s by command: {cpu_spent(machine, cpu_by_command())}", flush=True)
             await clear(kube)
 
         # Its tenancy: the bench's pods run in Slurm as nobody (a uid of at least
@@ -257,13 +280,21 @@ async def bench(
                 slurm.restd_url, JwtMinter(FileKey(slurm.jwt_key), "root")
             ) as client:
                 for count in bursts:
-                    before = proc_stats(process.pid)["cpu_s"]
+                    before_stats = proc_stats(process.pid)
+                    before = before_stats["cpu_s"]
+                    machine = cpu_by_command()
+                    profiler = profile(process.pid, f"sunk-{count}")
                     results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)
+                    if profiler is not None:
+                        profiler.send_signal(signal.SIGINT)  # py-spy writes what it sampled
+                        profiler.wait(30)
                     after = proc_stats(process.pid)
                     print(f"sunk, {count}: {results[('sunk', count)]}", flush=True)
+                    print(f"  CPU s by command: {cpu_spent(machine, cpu_by_command())}", flush=True)
                     jobs = await jobs_by_kind(metrics_port)
                     print(
-                        f"  sunk scheduler: {after['cpu_s'] - before:.2f} s CPU for the burst,"
+                        f"  sunk scheduler: {after['cpu_s'] - before:.2f} s CPU for the burst"
+                        f" ({after['sys_s'] - before_stats['sys_s']:.2f} s in the kernel),"
                         f" {after['rss_mib']:.0f} MiB; since start: {jobs}",
                         flush=True,
                     )
