@@ -792,6 +792,57 @@ async def test_view_job_events_and_forced_reads(slurm: SlurmClient, bed: Bed) ->
         assert set(bed.access.nodes) <= names
 
 
+async def test_a_job_state_probe_follows_starts_and_ends_without_reading_the_list(
+    slurm: SlurmClient,
+) -> None:
+    """`GET /jobs/state/` on both versions: every job's state, in the list's own
+    words (a probe right after a list read finds nothing moved), and a view that
+    probes learns a release and a cancel from it plus a read of that one job."""
+    held = await slurm.submit(sleeper(hold=True))
+    try:
+        states = await slurm.job_states()
+        assert states is not None
+        assert states[held.job_id] == ("PENDING",)
+        async with SlurmView(
+            slurm, interval=0.2, watch_nodes=False, job_probe=True, detail_every=3600
+        ) as view:
+            events = view.subscribe(replay=False)
+            assert view.job(held.job_id) is not None
+            probes, lists = view.stats.probes, view.stats.changed + view.stats.full_reads
+            await asyncio.sleep(0.5)
+            assert view.stats.probes > probes
+            assert view.stats.probe_reads == 0  # the list's states and the probe's agree
+            await slurm.update_job(held.job_id, JobUpdate(hold=False))
+            started = await next_event(
+                events,
+                lambda e: (
+                    isinstance(e, JobEvent)
+                    and e.job_id == held.job_id
+                    and e.new is not None
+                    and e.new.state == "RUNNING"
+                ),
+                timeout=20,
+            )
+            assert isinstance(started, JobEvent)
+            assert started.new is not None
+            assert started.new.nodes  # the one-job read's detail
+            await slurm.cancel(held.job_id)
+            ended = await next_event(
+                events,
+                lambda e: (
+                    isinstance(e, JobEvent)
+                    and e.job_id == held.job_id
+                    and (e.new is None or e.new.state != "RUNNING")
+                ),
+            )
+            assert isinstance(ended, JobEvent)
+            assert view.stats.changed + view.stats.full_reads == lists  # no list read
+            assert view.stats.probe_reads >= 2
+    finally:
+        with contextlib.suppress(SlurmApiError):
+            await slurm.cancel(held.job_id)
+
+
 async def test_view_goes_stale_then_recovers_over_a_restd_restart(
     slurm: SlurmClient, bed: Bed, testbed_external: bool
 ) -> None:

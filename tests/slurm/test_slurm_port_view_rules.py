@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import httpx2
 import pytest
 
 from sunk.slurm import (
     Change,
+    JobEvent,
     Node,
     NodeEvent,
     Resync,
@@ -86,14 +88,17 @@ class Clock:
         return self.now
 
 
-def view_over(fake: FakeSlurm, clock: Clock) -> SlurmView:
-    client = SlurmClient(
+def client_of(serve: Callable[[httpx2.Request], httpx2.Response]) -> SlurmClient:
+    return SlurmClient(
         "http://slurm",
         StaticToken("root", "t"),
-        transport=httpx2.MockTransport(fake),
+        transport=httpx2.MockTransport(serve),
         retry=RetryPolicy(attempts=1),
     )
-    return SlurmView(client, interval=3600, watch_jobs=False, stale_after=5, clock=clock)
+
+
+def view_over(fake: FakeSlurm, clock: Clock) -> SlurmView:
+    return SlurmView(client_of(fake), interval=3600, watch_jobs=False, stale_after=5, clock=clock)
 
 
 async def test_stale_by_age_even_without_errors() -> None:
@@ -286,14 +291,8 @@ async def test_read_share_spaces_polls_that_read_whole_lists() -> None:
             fake.last_update += 1
             return serve(request)
 
-        client = SlurmClient(
-            "http://slurm",
-            StaticToken("root", "t"),
-            transport=httpx2.MockTransport(slow_and_changing),
-            retry=RetryPolicy(attempts=1),
-        )
         view = SlurmView(
-            client,
+            client_of(slow_and_changing),
             interval=0.01,
             watch_jobs=False,
             stale_after=60,
@@ -330,4 +329,143 @@ async def test_a_full_read_now_and_then_finds_what_incremental_reads_missed() ->
     await view._sync(full=False)
     assert fake.requests == ["full", "incremental", "full"]
     assert view.node("n1") is None
+    await view.client.aclose()
+
+
+class FakeJobs:
+    """Jobs as slurmrestd serves them: the list (full or since `update_time`),
+    every job's state (`jobs/state/`, 404 with `no_probe`) and one job."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, dict[str, object]] = {1: job_row(1, "RUNNING")}
+        self.last_update = 100
+        self.no_probe = False
+        self.state_ids: dict[int, str] = {}  # a row's id as jobs/state writes it, if not the number
+        self.requests: list[str] = []
+
+    def set(self, job_id: int, state: str | None) -> None:
+        if state is None:
+            self.jobs.pop(job_id, None)
+        else:
+            self.jobs[job_id] = job_row(job_id, state)
+        self.last_update += 1
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        path = request.url.path
+        if path == "/openapi/v3":
+            return reply({"paths": {"/slurm/v0.0.42/jobs/": {"get": {}}}})
+        tail = path.removeprefix("/slurm/v0.0.42/")
+        if tail == "jobs/state/":
+            self.requests.append("state")
+            if self.no_probe:
+                return httpx2.Response(404, content=b"not found")
+            rows = [
+                {"job_id": self.state_ids.get(i, str(i)), "state": job["job_state"]}
+                for i, job in self.jobs.items()
+            ]
+            return reply({"jobs": rows})
+        if tail.startswith("job/"):
+            job_id = int(tail.removeprefix("job/"))
+            self.requests.append(f"job {job_id}")
+            if job_id not in self.jobs:
+                problem = {"error_number": 2017, "description": "Invalid job id specified"}
+                return reply({"errors": [problem]}, 404)
+            return reply({"jobs": [self.jobs[job_id]]})
+        since = request.url.params.get("update_time")
+        self.requests.append("list since" if since else "list")
+        if since and int(since) >= self.last_update:
+            return reply({"jobs": [], "last_update": {"set": True, "number": 0}})
+        last = {"set": True, "number": self.last_update}
+        return reply({"jobs": list(self.jobs.values()), "last_update": last})
+
+
+def job_row(job_id: int, state: str) -> dict[str, object]:
+    return {"job_id": job_id, "job_state": [state], "nodes": "n1" if state == "RUNNING" else ""}
+
+
+def reply(body: dict[str, object], status: int = 200) -> httpx2.Response:
+    return httpx2.Response(status, content=json.dumps(body).encode())
+
+
+def probing_view(fake: FakeJobs, clock: Clock) -> SlurmView:
+    return SlurmView(
+        client_of(fake),
+        interval=3600,
+        watch_nodes=False,
+        stale_after=3600,
+        clock=clock,
+        job_probe=True,
+        detail_every=5,
+    )
+
+
+async def test_a_state_probe_reads_only_the_jobs_that_moved() -> None:
+    fake, clock = FakeJobs(), Clock()
+    view = probing_view(fake, clock)
+    await view._sync(full=False)  # the first read: the list
+    events = view.subscribe(replay=False)
+    fake.set(2, "PENDING")  # new
+    fake.set(1, None)  # gone
+    await view._sync(full=False)
+    assert fake.requests == ["list", "state", "job 2"]
+    assert view.job(1) is None
+    assert view.job(2) is not None
+    seen = []
+    while (event := events.get_nowait()) is not None:
+        if isinstance(event, JobEvent):
+            seen.append((event.change, event.job_id))
+    assert set(seen) == {(Change.ADDED, 2), (Change.REMOVED, 1)}
+    fake.requests.clear()
+    await view._sync(full=False)  # nothing moved: the probe alone
+    assert fake.requests == ["state"]
+    await view.client.aclose()
+
+
+async def test_the_list_is_read_when_details_are_due_or_many_jobs_moved() -> None:
+    fake, clock = FakeJobs(), Clock()
+    view = probing_view(fake, clock)
+    await view._sync(full=False)
+    clock.now += 6  # detail_every is over: what a state does not show (preempt_time)
+    fake.set(1, "RUNNING")
+    await view._sync(full=False)
+    assert fake.requests == ["list", "list since"]
+    fake.requests.clear()
+    for job_id in range(2, 50):  # more moved than one-job reads are worth
+        fake.set(job_id, "PENDING")
+    await view._sync(full=False)
+    assert fake.requests == ["state", "list since"]
+    assert len(view.jobs()) == 49
+    await view.client.aclose()
+
+
+async def test_no_probe_where_slurmrestd_has_none_or_rows_name_no_single_job() -> None:
+    fake, clock = FakeJobs(), Clock()
+    fake.state_ids = {1: "1_3"}  # an array task's row
+    view = probing_view(fake, clock)
+    await view._sync(full=False)
+    await view._sync(full=False)
+    assert fake.requests == ["list", "state", "list since"]
+    fake.requests.clear()
+    fake.no_probe = True  # an older slurmrestd: lists from then on
+    await view._sync(full=False)
+    await view._sync(full=False)
+    assert fake.requests == ["state", "list since", "list since"]
+    assert not view.job_probe
+    await view.client.aclose()
+
+
+async def test_refresh_job_caches_what_it_read() -> None:
+    fake, clock = FakeJobs(), Clock()
+    view = probing_view(fake, clock)
+    await view._sync(full=False)
+    fake.set(7, "RUNNING")
+    job = await view.refresh_job(7)
+    assert job is not None
+    assert view.job(7) == job
+    fake.requests.clear()
+    await view._sync(full=False)  # the probe finds it cached already: no second read
+    assert fake.requests == ["state"]
+    fake.set(7, None)
+    assert await view.refresh_job(7) is None
+    assert view.job(7) is None
     await view.client.aclose()

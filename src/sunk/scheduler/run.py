@@ -35,6 +35,9 @@ SEAL_KEY = "seal"
 VIEW_STALE_AFTER = 15.0
 # At most this share of the time goes to reading the job list while it changes.
 READ_SHARE = 0.1
+# Between list reads, jobs' starts and ends come from a state probe; the list
+# (a preemption's preempt_time, a pending job's reason) is read at least this often.
+DETAIL_EVERY = 1.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,8 @@ async def run_scheduler(config: SchedulerConfig) -> None:
             # A burst of pods changes jobs on every poll: reading them all must not
             # starve the allocations (the pods bound at once do not need the view).
             read_share=READ_SHARE,
+            job_probe=True,
+            detail_every=DETAIL_EVERY,
         ) as view:
             tenancy = TenancyWatch(wiring.kube, home, config.tenancy_configmap)
             port = SlurmPortForScheduler(wiring.slurm, view, tenants)

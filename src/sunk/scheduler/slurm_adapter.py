@@ -38,7 +38,9 @@ class SlurmPortForScheduler(SlurmChannel):
         await self._view.refresh()
 
     async def read_job(self, job_id: int) -> Job | None:
-        return await self._client.job(job_id)
+        # Through the view: the job it read is cached, so its next state probe
+        # need not read the job again.
+        return await self._view.refresh_job(job_id)
 
     def _as_owner(self, uid: int) -> SlurmClient:
         """The client that acts as a job's owner: an allocation runs as the

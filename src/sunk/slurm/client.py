@@ -200,6 +200,16 @@ class _PartitionsReply(_Reply):
     partitions: list[dict[str, Any]] = []
 
 
+class _JobStateRow(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    job_id: str | int  # "12"; an array's or het job's row may read "12_3" or "12+1"
+    state: tuple[str, ...] = ()
+
+
+class _JobStatesReply(_Reply):
+    jobs: list[_JobStateRow] = []
+
+
 class _LayoutReply(_Reply):
     nodes: list[NodeLayout] = []
 
@@ -615,6 +625,25 @@ class SlurmClient:
         ):
             return None
         return Listing(tuple(parsed.jobs), parsed.last_update or 0)
+
+    async def job_states(
+        self, *, read_timeout: float | None = None
+    ) -> dict[int, tuple[str, ...]] | None:
+        """Every job's state by id (`GET /jobs/state/`, 24.11+): about 80 bytes
+        a job, where the full list (`jobs`) renders a few kilobytes each (7 ms
+        against 0.5 s of slurmrestd's CPU for 1,000 jobs, measured on 26.05).
+        None when a row names an array task or a het job component ("12_3",
+        "12+1"): those map to no single job id here, so the caller reads the list.
+        """
+        parsed, _ = await self._call(
+            "GET", "jobs/state/", _JobStatesReply, idempotent=True, read_timeout=read_timeout
+        )
+        states: dict[int, tuple[str, ...]] = {}
+        for row in parsed.jobs:
+            if not str(row.job_id).isdigit():
+                return None
+            states[int(row.job_id)] = row.state
+        return states
 
     async def job(self, job_id: int) -> Job | None:
         """One job, or None once slurmctld has forgotten it (MinJobAge) or never had it."""

@@ -57,6 +57,9 @@ V = TypeVar("V", Node, Job)
 # `update_time` passes it), which must not trigger the pause.
 _FAILING_BEFORE_PAUSE = 5.0
 _INCREMENTAL_PAUSE = 30.0
+# A state probe that finds more jobs changed than this reads the list instead:
+# one list read then costs less than as many one-job reads.
+_PROBE_READS = 32
 
 # A read that slurmctld was too busy to answer in time: tries, and the pause
 # before the second (doubling after).
@@ -149,6 +152,20 @@ def diff(old: Mapping[K, V], new: Mapping[K, V]) -> list[tuple[Change, K, V | No
     return changes
 
 
+def _replace(
+    items: dict[K, V], key: K, new: V | None
+) -> tuple[Change, K, V | None, V | None] | None:
+    """Put `new` (None: nothing) under `key`; the change it made, if any."""
+    old = items.pop(key, None)
+    if new is not None:
+        items[key] = new
+    if old == new:
+        return None
+    if old is None:
+        return (Change.ADDED, key, old, new)
+    return (Change.REMOVED if new is None else Change.CHANGED, key, old, new)
+
+
 class Subscription:
     """One subscriber's events; iterate with `async for event in subscription`.
 
@@ -226,6 +243,8 @@ class ViewStats:
     fallbacks: int = 0  # incremental reads that failed and fell back to a full read
     failures: int = 0  # polls that failed entirely
     retries: int = 0  # reads tried again because slurmctld answered too late
+    probes: int = 0  # job polls answered by the state probe and one-job reads
+    probe_reads: int = 0  # one-job reads those probes made
     events: int = 0
 
 
@@ -254,6 +273,8 @@ class SlurmView:
         max_backoff: float = 5.0,
         read_share: float | None = None,
         full_every: float | None = 60.0,
+        job_probe: bool = False,
+        detail_every: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -278,6 +299,14 @@ class SlurmView:
         # least this often puts the cache right, whatever was missed.
         self.full_every = full_every
         self._last_full: float | None = None
+        # With `job_probe`, most job polls read only every job's state (`GET
+        # /jobs/state/`, tens of bytes a job) and then each job whose state moved;
+        # the list itself is read at least every `detail_every` seconds (and when
+        # many jobs moved), for what a state does not show: a preemption's
+        # preempt_time, a pending job's reason.
+        self.job_probe = job_probe
+        self.detail_every = detail_every
+        self._last_job_list: float | None = None
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
         self._jobs: _Table[int, Job] = _Table()
@@ -427,20 +456,20 @@ class SlurmView:
                 self._fail(exc)
             raise
         async with self._sync_lock:
-            old = self._nodes.items.get(name)
-            if node is None:
-                self._nodes.items.pop(name, None)
-            else:
-                self._nodes.items[name] = node
-            if old != node:
-                if old is None:
-                    change = Change.ADDED
-                elif node is None:
-                    change = Change.REMOVED
-                else:
-                    change = Change.CHANGED
-                self._emit([NodeEvent(change, name, old, node)])
+            if (change := _replace(self._nodes.items, name, node)) is not None:
+                self._emit([NodeEvent(*change)])
         return node
+
+    async def refresh_job(self, job_id: int) -> Job | None:
+        """Read one job now, update the cache (and emit) and return it; None if gone.
+
+        A poll runs under the lock taken here, and reads after taking it: it
+        sees every job this put in the cache."""
+        job = await self.client.job(job_id)
+        async with self._sync_lock:
+            if (change := _replace(self._jobs.items, job_id, job)) is not None:
+                self._emit([JobEvent(*change)])
+        return job
 
     def poll_now(self) -> None:
         """Cut the current wait short (e.g. right after sunk changed something)."""
@@ -528,13 +557,60 @@ class SlurmView:
         return events
 
     async def _sync_jobs(self, full: bool) -> list[Event]:
+        if not full and self._probe_due():
+            probed = await self._probe_jobs()
+            if probed is not None:
+                return probed
         listing = await self._read(self._jobs, self._read_jobs, full)
+        self._last_job_list = self._clock()
         if listing is None:
             return []
         new = {job.job_id: job for job in listing.items}
         events: list[Event] = [JobEvent(*change) for change in diff(self._jobs.items, new)]
         self._jobs.items = new
         self._jobs.since = listing.last_update or None
+        return events
+
+    def _probe_due(self) -> bool:
+        return (
+            self.job_probe
+            and self._jobs.since is not None
+            and self._last_job_list is not None
+            and self._clock() - self._last_job_list < self.detail_every
+        )
+
+    async def _probe_jobs(self) -> list[Event] | None:
+        """Job events from every job's state and a read of each job that moved;
+        None when the list must be read instead."""
+        try:
+            states = await _retrying(
+                lambda: self.client.job_states(read_timeout=self.poll_timeout), self.stats
+            )
+        except SlurmApiError as exc:
+            if isinstance(exc, SlurmAuthError) or exc.transient or exc.status >= 500:
+                raise
+            log.info("no job state probe (%s): reading job lists from now on", exc)
+            self.job_probe = False
+            return None
+        if states is None:  # an array or het job's rows: the list says which job is which
+            return None
+        cached = self._jobs.items
+        moved = [
+            i for i, state in states.items() if (j := cached.get(i)) is None or j.job_state != state
+        ]
+        if len(moved) > _PROBE_READS:
+            return None
+        read = await asyncio.gather(*(self.client.job(i) for i in moved))
+        self.stats.probes += 1
+        self.stats.probe_reads += len(moved)
+        new = {i: job for i, job in cached.items() if i in states}
+        for job_id, job in zip(moved, read, strict=True):
+            if job is None:
+                new.pop(job_id, None)
+            else:
+                new[job_id] = job
+        events: list[Event] = [JobEvent(*change) for change in diff(cached, new)]
+        self._jobs.items = new
         return events
 
     async def _read(
