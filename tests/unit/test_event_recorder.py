@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx2
@@ -121,3 +122,21 @@ async def test_a_failing_apiserver_never_raises() -> None:
     events = recorder(Broken(), Clock())
     await events.emit(pod("a"), "R", "n", action="A")
     assert events.stats.failed == 1
+
+
+async def test_while_busy_emit_soon_holds_events_for_at_most_max_hold() -> None:
+    kube, clock = FakeKube(), Clock()
+    busy = True
+    events = recorder(kube, clock, busy=lambda: busy, max_hold=5)
+    events.emit_soon(pod("a"), "Scheduled", "bound", action="Binding")
+    events.emit_soon(pod("b", "u2"), "Scheduled", "bound", action="Binding")
+    await asyncio.sleep(0.2)
+    assert kube.calls == []  # the controller has work waiting
+    busy = False
+    await asyncio.sleep(0.2)
+    assert len(kube.calls) == 2
+    busy = True
+    events.emit_soon(pod("c", "u3"), "Scheduled", "bound", action="Binding")
+    clock.now += 6  # held long enough: written even though still busy
+    await asyncio.sleep(0.2)
+    assert len(kube.calls) == 3

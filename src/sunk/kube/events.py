@@ -15,6 +15,11 @@ Like client-go's event correlator, for events.k8s.io/v1:
 
 Both caches are bounded (least recently used entries go first). Emitting never
 raises: an Event that cannot be written must not stop the action it describes.
+
+**Held while busy.** With `busy`, `emit_soon` holds its Events while `busy()`
+says the controller has work waiting, for at most `max_hold` seconds: during a
+burst the apiserver and this process spend their time on what the Events
+describe (a bind) rather than on the Events.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import logging
 import secrets
 import socket
 import time
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +48,9 @@ SERIES_WINDOW = 6 * 60.0  # client-go's events/v1 finishTime
 SPAM_BURST = 25
 SPAM_REFILL_EVERY = 5 * 60.0
 CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
+MAX_HOLD = 5.0
+# Held Events are written this many at a time once the controller is idle.
+HELD_WRITES = 8
 
 
 @dataclass
@@ -96,6 +104,8 @@ class EventRecorder:
         refill_every: float = SPAM_REFILL_EVERY,
         series_window: float = SERIES_WINDOW,
         cache_size: int = CACHE_SIZE,
+        busy: Callable[[], bool] | None = None,
+        max_hold: float = MAX_HOLD,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
@@ -110,6 +120,10 @@ class EventRecorder:
         self._buckets = _Lru(cache_size)
         self.stats = RecorderStats()
         self._writing: set[asyncio.Task[None]] = set()  # emit_soon's, held till done
+        self._busy = busy
+        self._max_hold = max_hold
+        self._held: deque[tuple[float, Callable[[], Awaitable[None]]]] = deque()
+        self._releasing: asyncio.Task[None] | None = None
 
     def emit_soon(
         self,
@@ -121,10 +135,30 @@ class EventRecorder:
         type_: Literal["Normal", "Warning"] = "Normal",
     ) -> None:
         """`emit` without waiting for it: a reconcile's next write need not wait
-        for the Event of its last one."""
-        task = asyncio.create_task(self.emit(regarding, reason, note, action=action, type_=type_))
-        self._writing.add(task)
-        task.add_done_callback(self._writing.discard)
+        for the Event of its last one (nor, with `busy`, for the next reconciles)."""
+        if self._busy is None:
+            task = asyncio.create_task(
+                self.emit(regarding, reason, note, action=action, type_=type_)
+            )
+            self._writing.add(task)
+            task.add_done_callback(self._writing.discard)
+            return
+        self._held.append(
+            (
+                self._clock(),
+                lambda: self.emit(regarding, reason, note, action=action, type_=type_),
+            )
+        )
+        if self._releasing is None or self._releasing.done():
+            self._releasing = asyncio.create_task(self._release_held(self._busy))
+
+    async def _release_held(self, busy: Callable[[], bool]) -> None:
+        while self._held:
+            if busy() and self._clock() - self._held[0][0] < self._max_hold:
+                await asyncio.sleep(0.05)
+                continue
+            batch = [self._held.popleft()[1] for _ in range(min(HELD_WRITES, len(self._held)))]
+            await asyncio.gather(*(write() for write in batch))
 
     async def emit(
         self,

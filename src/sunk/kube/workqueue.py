@@ -46,6 +46,11 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def busy(self) -> bool:
+        """Keys wait or are being worked on."""
+        return bool(self._queue or self._processing)
+
     def add(self, key: K) -> None:
         if self._shut_down:
             return

@@ -158,7 +158,10 @@ class Scheduler:
         # slurmrestd's MessageTimeout-bound wait), and a full read then.
         self._settle = settle
         self.ready = asyncio.Event()  # set once submits are allowed
-        self._events = EventRecorder(kube, scheduler_name)
+        # A bind's Event waits while pods wait to be placed (at most a few seconds).
+        self._events = EventRecorder(
+            kube, scheduler_name, busy=lambda: self.queue.busy or self.urgent.busy
+        )
         self._pods: Informer[Pod] = Informer(
             kube, Pod, namespace=namespace, fields={"spec.schedulerName": scheduler_name}
         )
