@@ -469,3 +469,33 @@ async def test_refresh_job_caches_what_it_read() -> None:
     assert await view.refresh_job(7) is None
     assert view.job(7) is None
     await view.client.aclose()
+
+
+async def test_read_share_spaces_the_lists_and_the_probes_go_on_between() -> None:
+    """A list read that "takes" 0.5 s keeps the next one 4.5 s away (read_share
+    0.1), but the state probes go on at the view's interval meanwhile."""
+    fake, clock = FakeJobs(), Clock()
+
+    def slow_lists(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.endswith("/jobs/"):
+            clock.now += 0.5
+            fake.last_update += 1  # every list read brings a changed list
+        return fake(request)  # a probe "takes" no time: the lists stay 4.5 s away
+
+    view = SlurmView(
+        client_of(slow_lists),
+        interval=0.01,
+        watch_nodes=False,
+        stale_after=3600,
+        clock=clock,
+        read_share=0.1,
+        job_probe=True,
+        detail_every=0.1,
+    )
+    await view.start()
+    await asyncio.sleep(0.3)
+    await view.stop()
+    await view.client.aclose()
+    kinds = [r for r in fake.requests if r != "state"]
+    assert kinds == ["list"]
+    assert fake.requests.count("state") > 3

@@ -304,9 +304,12 @@ class SlurmView:
         # the list itself is read at least every `detail_every` seconds (and when
         # many jobs moved), for what a state does not show: a preemption's
         # preempt_time, a pending job's reason.
+        if job_probe and watch_nodes:
+            raise ValueError("a job state probe is for a jobs-only view (watch_nodes=False)")
         self.job_probe = job_probe
         self.detail_every = detail_every
         self._last_job_list: float | None = None
+        self._lists_not_before = 0.0  # `read_share`'s spacing, when probes fill the gaps
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
         self._jobs: _Table[int, Job] = _Table()
@@ -501,7 +504,11 @@ class SlurmView:
             else:
                 delay = max(0.0, self.interval - took)
                 if self.read_share and self.stats.changed + self.stats.full_reads > lists_read:
-                    delay = max(delay, took / self.read_share - took)
+                    spacing = took / self.read_share - took
+                    if self.job_probe:  # the next lists wait; the probes go on
+                        self._lists_not_before = self._clock() + spacing
+                    else:
+                        delay = max(delay, spacing)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
@@ -572,12 +579,10 @@ class SlurmView:
         return events
 
     def _probe_due(self) -> bool:
-        return (
-            self.job_probe
-            and self._jobs.since is not None
-            and self._last_job_list is not None
-            and self._clock() - self._last_job_list < self.detail_every
-        )
+        if not self.job_probe or self._jobs.since is None or self._last_job_list is None:
+            return False
+        now = self._clock()
+        return now - self._last_job_list < self.detail_every or now < self._lists_not_before
 
     async def _probe_jobs(self) -> list[Event] | None:
         """Job events from every job's state and a read of each job that moved;
