@@ -341,6 +341,7 @@ class FakeJobs:
         self.last_update = 100
         self.no_probe = False
         self.state_ids: dict[int, str] = {}  # a row's id as jobs/state writes it, if not the number
+        self.state_words: dict[int, list[str]] = {}  # a state as jobs/state words it, if otherwise
         self.requests: list[str] = []
 
     def set(self, job_id: int, state: str | None) -> None:
@@ -360,7 +361,10 @@ class FakeJobs:
             if self.no_probe:
                 return httpx2.Response(404, content=b"not found")
             rows = [
-                {"job_id": self.state_ids.get(i, str(i)), "state": job["job_state"]}
+                {
+                    "job_id": self.state_ids.get(i, str(i)),
+                    "state": self.state_words.get(i, job["job_state"]),
+                }
                 for i, job in self.jobs.items()
             ]
             return reply({"jobs": rows})
@@ -499,3 +503,14 @@ async def test_read_share_spaces_the_lists_and_the_probes_go_on_between() -> Non
     kinds = [r for r in fake.requests if r != "state"]
     assert kinds == ["list"]
     assert fake.requests.count("state") > 3
+
+
+async def test_a_job_the_probe_words_otherwise_is_read_once_not_at_every_poll() -> None:
+    fake, clock = FakeJobs(), Clock()
+    fake.state_words = {1: ["RUNNING", "SIGNALING"]}  # the probe and the job read disagree
+    view = probing_view(fake, clock)
+    await view._sync(full=False)
+    for _ in range(3):
+        await view._sync(full=False)
+    assert fake.requests == ["list", "state", "job 1", "state", "state"]
+    await view.client.aclose()

@@ -310,6 +310,10 @@ class SlurmView:
         self.detail_every = detail_every
         self._last_job_list: float | None = None
         self._lists_not_before = 0.0  # `read_share`'s spacing, when probes fill the gaps
+        # The last probe's states: a job moved when its state differs from these
+        # (or, first, from the list's), so a job whose one-job read words its
+        # state otherwise than the probe is read once, not at every poll.
+        self._probed: dict[int, tuple[str, ...]] = {}
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
         self._jobs: _Table[int, Job] = _Table()
@@ -570,6 +574,7 @@ class SlurmView:
                 return probed
         listing = await self._read(self._jobs, self._read_jobs, full)
         self._last_job_list = self._clock()
+        self._probed = {}
         if listing is None:
             return []
         new = {job.job_id: job for job in listing.items}
@@ -601,7 +606,9 @@ class SlurmView:
             return None
         cached = self._jobs.items
         moved = [
-            i for i, state in states.items() if (j := cached.get(i)) is None or j.job_state != state
+            i
+            for i, state in states.items()
+            if (j := cached.get(i)) is None or state != self._probed.get(i, j.job_state)
         ]
         if len(moved) > _PROBE_READS:
             return None
@@ -616,6 +623,7 @@ class SlurmView:
                 new[job_id] = job
         events: list[Event] = [JobEvent(*change) for change in diff(cached, new)]
         self._jobs.items = new
+        self._probed = states
         return events
 
     async def _read(
