@@ -46,28 +46,28 @@ READ_SHARE = 0.1  # the scheduler's
 DETAIL_EVERY = 1.0  # the scheduler's
 
 
-def queued(i: int) -> JobSpec:
-    return JobSpec(
-        script="#!/bin/sh\nsleep 600\n",
-        name=f"queued-{i}",
-        partition=PARTITION,
-        nodes="1",
-        tasks=1,
-        hold=True,
-        time_limit_minutes=10,
-        standard_output="/dev/null",
+def one_node_job(name: str, **fields: object) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": name,
+            "partition": PARTITION,
+            "nodes": "1",
+            "tasks": 1,
+            "time_limit_minutes": 10,
+            **fields,
+        }
     )
+
+
+def queued(i: int) -> JobSpec:
+    """A held batch job: it stays PENDING, one more job in every list read."""
+    script = "#!/bin/sh\nsleep 600\n"
+    return one_node_job(f"queued-{i}", script=script, hold=True, standard_output="/dev/null")
 
 
 def sample_job(i: int) -> JobSpec:
-    return JobSpec(
-        name=f"sample-{i}",
-        partition=PARTITION,
-        nodes="1",
-        tasks=1,
-        immediate=True,
-        time_limit_minutes=10,
-    )
+    """An allocation that starts at once (as `salloc --immediate`)."""
+    return one_node_job(f"sample-{i}", immediate=True)
 
 
 async def fill(slurm: SlurmClient, count: int) -> None:
