@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import secrets
 import socket
@@ -136,19 +137,13 @@ class EventRecorder:
     ) -> None:
         """`emit` without waiting for it: a reconcile's next write need not wait
         for the Event of its last one (nor, with `busy`, for the next reconciles)."""
+        write = functools.partial(self.emit, regarding, reason, note, action=action, type_=type_)
         if self._busy is None:
-            task = asyncio.create_task(
-                self.emit(regarding, reason, note, action=action, type_=type_)
-            )
+            task = asyncio.create_task(write())
             self._writing.add(task)
             task.add_done_callback(self._writing.discard)
             return
-        self._held.append(
-            (
-                self._clock(),
-                lambda: self.emit(regarding, reason, note, action=action, type_=type_),
-            )
-        )
+        self._held.append((self._clock(), write))
         if self._releasing is None or self._releasing.done():
             self._releasing = asyncio.create_task(self._release_held(self._busy))
 
