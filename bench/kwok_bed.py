@@ -216,16 +216,25 @@ spec:
 # -- small helpers shared by the benchmarks -----------------------------------
 
 
+def _stat(text: str) -> tuple[str, list[str]]:
+    """A /proc/<pid>/stat line: the command, and the fields after it (state first)."""
+    return text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    """utime + stime."""
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def proc_stats(pid: int) -> dict[str, float]:
     """CPU seconds (own, and reaped children's), RSS, peak RSS and threads of a process."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
+    _, fields = _stat(Path(f"/proc/{pid}/stat").read_text())
     status = {
         line.split(":")[0]: line.split(":")[1].strip()
         for line in Path(f"/proc/{pid}/status").read_text().splitlines()
     }
     return {
-        "cpu_s": (int(fields[11]) + int(fields[12])) / TICKS,
+        "cpu_s": _cpu_seconds(fields),
         "sys_s": int(fields[12]) / TICKS,
         "children_cpu_s": (int(fields[13]) + int(fields[14])) / TICKS,
         "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
@@ -247,9 +256,8 @@ def cpu_by_command() -> dict[str, float]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue  # gone meanwhile
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        totals[comm] = totals.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+        comm, fields = _stat(stat)
+        totals[comm] = totals.get(comm, 0.0) + _cpu_seconds(fields)
     return totals
 
 
