@@ -615,16 +615,12 @@ class SlurmView:
         read = await asyncio.gather(*(self.client.job(i) for i in moved))
         self.stats.probes += 1
         self.stats.probe_reads += len(moved)
-        new = {i: job for i, job in cached.items() if i in states}
-        for job_id, job in zip(moved, read, strict=True):
-            if job is None:
-                new.pop(job_id, None)
-            else:
-                new[job_id] = job
-        events: list[Event] = [JobEvent(*change) for change in diff(cached, new)]
-        self._jobs.items = new
+        # Only what moved or vanished is compared: not every cached job at every probe.
+        gone = [i for i in cached if i not in states]
+        changes = [_replace(cached, i, job) for i, job in zip(moved, read, strict=True)]
+        changes.extend(_replace(cached, i, None) for i in gone)
         self._probed = states
-        return events
+        return [JobEvent(*change) for change in changes if change is not None]
 
     async def _read(
         self,
