@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import httpcore2
 import httpx2
 import msgspec
 import pytest
@@ -18,6 +19,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 from lightkube.resources.events_v1 import Event as EventV1
 
+from sunk.kube.client import kube_client
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.leader import LeaderElector
@@ -453,3 +455,35 @@ async def test_repeated_events_form_a_series_and_a_flapping_object_is_limited(
     # 5 writes: one create and two series updates, then two more creates.
     assert len(stored) == 3
     assert events.stats.skipped == 8
+
+
+async def test_a_burst_after_a_pause_reuses_the_kube_clients_connections(
+    kubeconfig: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sunk's components keep their apiserver connections between bursts: the
+    second burst opens none (httpx's defaults closed them after 5 s idle and
+    kept at most 20, so every burst paid TLS handshakes on both sides)."""
+    opened: list[object] = []
+    create = httpcore2.AsyncConnectionPool.create_connection
+
+    def counting(pool: httpcore2.AsyncConnectionPool, origin: httpcore2.Origin) -> Any:
+        opened.append(origin)
+        return create(pool, origin)
+
+    monkeypatch.setattr(httpcore2.AsyncConnectionPool, "create_connection", counting)
+    client = kube_client(kubeconfig, "sunk-tests")
+    try:
+        await client.create(configmap("burst", namespace, a="1"))
+
+        async def burst() -> None:
+            reads = (client.get(ConfigMap, "burst", namespace=namespace) for _ in range(30))
+            await asyncio.gather(*reads)
+
+        await burst()
+        first = len(opened)
+        assert 20 < first <= 31  # about one per request at once (more than httpx kept)
+        await asyncio.sleep(6)  # longer than httpx's 5 s keep-alive
+        await burst()
+        assert len(opened) == first
+    finally:
+        await client.close()
