@@ -352,6 +352,7 @@ async def bench(args: argparse.Namespace) -> None:
                 writes = slurm_writes(metrics_port)
                 started = time.time()
                 await patch_all(kube, names, {"spec": {"unschedulable": False}})
+                uncordoned = time.time() - started
                 resumed_at = []
                 for n in names:
                     with contextlib.suppress(TimeoutError):  # NotReady meanwhile: stays drained
@@ -359,7 +360,7 @@ async def bench(args: argparse.Namespace) -> None:
                 print(
                     f"  {live} nodes uncordoned at once:      {len(resumed_at)} resumed, the last "
                     f"{max(resumed_at) - started:.2f} s after the first PATCH "
-                    f"({writes_since(metrics_port, writes)})",
+                    f"(the PATCHes took {uncordoned:.2f} s; {writes_since(metrics_port, writes)})",
                     flush=True,
                 )
                 await asyncio.sleep(5)

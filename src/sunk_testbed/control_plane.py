@@ -45,6 +45,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config.client_adapter import AsyncClient as _adapter_async_client
 from lightkube.config.client_adapter import ConnectionParams
 
+from sunk.kube.client import kube_client
 from sunk_testbed.paths import SCRIPTS, cache_dir
 from sunk_testbed.procs import Supervisor, free_port, port_open
 
@@ -728,10 +729,9 @@ class KubeControlPlane:
 def async_client(
     kubeconfig: Path, *, field_manager: str = "sunk", namespace: str | None = None
 ) -> AsyncClient:
-    """A lightkube AsyncClient for a kubeconfig file (current context)."""
-    return AsyncClient(
-        KubeConfig.from_file(kubeconfig), namespace=namespace, field_manager=field_manager
-    )
+    """A lightkube AsyncClient for a kubeconfig file (current context), made as
+    sunk's components make theirs (connections kept between bursts)."""
+    return kube_client(kubeconfig, field_manager, namespace=namespace)
 
 
 def async_http_client(kubeconfig: Path, *, timeout: float = 10.0) -> httpx2.AsyncClient:

@@ -13,13 +13,18 @@ from lightkube.resources.core_v1 import Pod
 # and for a minute: a burst then reuses them. httpx's defaults (20, for 5 s)
 # made the scheduler open ~60 new TLS connections per burst of 1,000 pods and
 # ~15 at the start of every burst after a pause, each a handshake on both sides.
+# A minute stays under the apiserver's own 90 s idle timeout, so a kept
+# connection is not closed by the server just as a request goes out on it.
 KEPT_CONNECTIONS = httpx2.Limits(
     max_connections=100, max_keepalive_connections=100, keepalive_expiry=60.0
 )
 
 
-def kube_client(kubeconfig: Path | None, field_manager: str) -> AsyncClient:
-    """From a kubeconfig file, or (None) the pod's service account."""
+def kube_client(
+    kubeconfig: Path | None, field_manager: str, *, namespace: str | None = None
+) -> AsyncClient:
+    """From a kubeconfig file, or (None) the pod's service account; `namespace`:
+    the client's default (else the kubeconfig's)."""
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     single = config.get()
     if single is None or single.user is None:
@@ -30,7 +35,9 @@ def kube_client(kubeconfig: Path | None, field_manager: str) -> AsyncClient:
         verify=verify_cluster(single.cluster, single.user, single.abs_file),
         limits=KEPT_CONNECTIONS,
     )
-    return AsyncClient(single, field_manager=field_manager, transport=transport)
+    return AsyncClient(
+        single, namespace=namespace, field_manager=field_manager, transport=transport
+    )
 
 
 def pod_ready(pod: Pod) -> bool:
