@@ -10,7 +10,8 @@ before the probe) and once probing states (`job_probe=True`, `detail_every`
 1 s). Each sample allocates a job that starts at once (another client's
 request, as a researcher's `salloc` is) and cancels it; printed per mode:
 allocation → the view's event showing it RUNNING, and cancel → the event of
-its end (p50 / p99 over the samples), and slurmrestd's CPU over the samples.
+its end (p50 / p99 over the samples), and slurmrestd's CPU and the bench's
+own (the view's, with the sample client's few requests) over the samples.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ async def fill(slurm: SlurmClient, count: int) -> None:
 
 async def follow(
     slurm: SlurmClient, actor: SlurmClient, probe: bool, samples: int
-) -> tuple[list[float], list[float], float]:
+) -> tuple[list[float], list[float], float, float]:
+    """Start and end delays, slurmrestd's CPU and this process's (the view's) over the samples."""
     async with SlurmView(
         slurm,
         interval=INTERVAL,
@@ -96,6 +98,7 @@ async def follow(
         started: list[float] = []
         ended: list[float] = []
         cpu = cpu_by_command().get("slurmrestd", 0.0)
+        own = time.process_time()
         with closing(view.subscribe(replay=False)) as events:
             for i in range(samples):
                 await asyncio.sleep(1.0)  # a poll or two of nothing changing
@@ -122,7 +125,8 @@ async def follow(
                     ):
                         break
                 ended.append(time.monotonic() - t0)
-        return started, ended, cpu_by_command().get("slurmrestd", 0.0) - cpu
+        restd = cpu_by_command().get("slurmrestd", 0.0) - cpu
+        return started, ended, restd, time.process_time() - own
 
 
 def spread(values: list[float]) -> str:
@@ -140,16 +144,16 @@ async def bench(access: SlurmAccess, queue_lengths: list[int], samples: int) -> 
         filled = 0
         print(
             f"{'queue':>6} {'view':<6} {'start → event p50 / p99':>26} "
-            f"{'end → event p50 / p99':>24} {'slurmrestd CPU':>15}"
+            f"{'end → event p50 / p99':>24} {'slurmrestd CPU':>15} {'view CPU':>10}"
         )
         for length in queue_lengths:
             await fill(slurm, length - filled)
             filled = length
             for probe in (False, True):
-                started, ended, cpu = await follow(slurm, actor, probe, samples)
+                started, ended, cpu, own = await follow(slurm, actor, probe, samples)
                 print(
                     f"{length:>6} {'probe' if probe else 'list':<6} {spread(started):>26} "
-                    f"{spread(ended):>24} {cpu:>13.1f} s",
+                    f"{spread(ended):>24} {cpu:>13.1f} s {own:>8.1f} s",
                     flush=True,
                 )
 

@@ -19,6 +19,10 @@ from sunk.syncer.slurm_port import ALL_NODES
 
 # The read right before a write waits this long, then the view's copy is used.
 GUARD_READ_TIMEOUT = 0.5
+# A mass change's reconciles reach the writer spread out (by their guard reads
+# and the Kubernetes events behind them): its writes count as under way until
+# none has gone out for this long.
+WRITES_SETTLE = 0.2
 
 
 def slurm_state(node: Node) -> SlurmState:
@@ -64,6 +68,11 @@ class SlurmPortForSyncer(SlurmChannel):
         except (SlurmApiError, TimeoutError):
             return self.node(name)
         return None if node is None else slurm_state(node)
+
+    def writing(self) -> bool:
+        """Node writes are under way, or went out within WRITES_SETTLE: the
+        view's polls wait for them (`SlurmView.yield_to`)."""
+        return self._writer.quiet_for() < WRITES_SETTLE
 
     async def drain(self, name: str, reason: str) -> None:
         await self._writer.drain(name, reason)
