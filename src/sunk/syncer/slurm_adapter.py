@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from sunk.slurm.channel import SlurmChannel
 from sunk.slurm.client import SlurmClient
-from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmError, SlurmUnavailableError
 from sunk.slurm.models import Node, NodeUpdate
 from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
 from sunk.syncer.batch import BatchWriter
@@ -68,6 +68,15 @@ class SlurmPortForSyncer(SlurmChannel):
         except (SlurmApiError, TimeoutError):
             return self.node(name)
         return None if node is None else slurm_state(node)
+
+    async def show_written(self, name: str) -> None:
+        """At thousands of nodes a poll after a change reads every node (about a
+        second of slurmrestd's CPU); one node's read takes a few ms."""
+        try:
+            async with asyncio.timeout(GUARD_READ_TIMEOUT):
+                await self._view.refresh_node(name, keep_fresh=True)
+        except (SlurmError, TimeoutError):
+            self._view.poll_now()
 
     def writing(self) -> bool:
         """Node writes are under way, or went out within WRITES_SETTLE: the
