@@ -239,53 +239,6 @@ async def test_poll_now_cuts_the_wait_short() -> None:
     await view.client.aclose()
 
 
-class Flag:
-    def __init__(self) -> None:
-        self.up = False
-
-    def __call__(self) -> bool:
-        return self.up
-
-
-async def test_polls_wait_while_the_owners_writes_are_under_way() -> None:
-    """The syncer's view reads after its mass change's writes, not between them."""
-    fake, clock, writing = FakeSlurm(), Clock(), Flag()
-    view = view_over(fake, clock)
-    view.yield_to = writing
-    view.max_yield = 30.0
-    await view.start()
-    polled = len(fake.requests)
-    writing.up = True
-    view.poll_now()
-    await asyncio.sleep(0.3)
-    assert len(fake.requests) == polled  # no read while the writes go on
-    writing.up = False
-    async with asyncio.timeout(2):
-        while len(fake.requests) == polled:
-            await asyncio.sleep(0.01)
-    assert view.stats.yielded >= 0.3
-    await view.stop()
-    await view.client.aclose()
-
-
-async def test_a_poll_waits_for_writes_at_most_max_yield() -> None:
-    """Writes that never end do not stop the view reading (nor make it stale)."""
-    fake, clock, writing = FakeSlurm(), Clock(), Flag()
-    view = view_over(fake, clock)
-    view.yield_to = writing
-    view.max_yield = 0.1
-    await view.start()
-    polled = len(fake.requests)
-    writing.up = True
-    view.poll_now()
-    async with asyncio.timeout(2):
-        while len(fake.requests) == polled:
-            await asyncio.sleep(0.01)
-    assert 0.1 <= view.stats.yielded < 1.0
-    await view.stop()
-    await view.client.aclose()
-
-
 async def test_a_read_slurmctld_answered_too_late_is_retried_before_stale() -> None:
     """24.11 answers 500/errno -1 to a full read when slurmctld is too busy to answer in time."""
     fake, clock = FakeSlurm(), Clock()

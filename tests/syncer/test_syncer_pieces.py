@@ -121,7 +121,7 @@ class FakeSlurm:
     def __init__(self, now: SlurmState | None) -> None:
         self.now = now
         self.writes: list[tuple[str, ...]] = []
-        self.shown = 0
+        self.polls = 0
 
     def node(self, name: str) -> SlurmState | None:
         return self.now
@@ -138,8 +138,8 @@ class FakeSlurm:
     async def set_comment(self, name: str, comment: str) -> None:
         self.writes.append(("comment", comment))
 
-    async def show_written(self, name: str) -> None:
-        self.shown += 1
+    def poll_now(self) -> None:
+        self.polls += 1
 
     async def follow(
         self,
@@ -226,7 +226,7 @@ async def test_slurm_writes_are_guarded_by_a_read_right_before(
     for _ in range(5):  # the Events are written off the worker
         await asyncio.sleep(0)
     assert kube.reasons == told
-    assert slurm.shown == 1  # the view is asked to show the outcome either way
+    assert slurm.polls == 1  # the view is asked to show the outcome either way
     for kind in ("drain", "resume", "comment"):
         counted = syncer.metrics.registry.get_sample_value(
             "sunk_syncer_actions_total", {"kind": kind}

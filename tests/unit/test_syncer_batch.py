@@ -188,19 +188,3 @@ async def test_update_nodes_sends_one_request_with_the_hostlist_encoded() -> Non
     assert request.method == "POST"
     assert request.url.raw_path == b"/slurm/v0.0.42/node/gpu%5B01-03%5D%2Ccpu1"
     assert json.loads(request.content)["reason"] == "sunk: a"
-
-
-async def test_quiet_for_is_zero_while_a_write_is_under_way_and_counts_after() -> None:
-    """What the syncer's view waits on (`SlurmPortForSyncer.writing`)."""
-    slurm, now = FakeSlurm(), [50.0]
-    slurm.gate = asyncio.Event()
-    batch = BatchWriter(slurm.write, slurm.acquire, window=0.0, clock=lambda: now[0])
-    now[0] = 60.0
-    assert batch.quiet_for() == 10.0  # nothing written since it was made
-    writes = asyncio.gather(batch.resume("gpu01"), batch.resume("gpu02"))
-    await asyncio.sleep(0)
-    assert batch.quiet_for() == 0.0
-    slurm.gate.set()
-    await writes
-    now[0] = 60.5
-    assert batch.quiet_for() == 0.5

@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -61,10 +60,6 @@ _INCREMENTAL_PAUSE = 30.0
 # A state probe that finds more jobs changed than this reads the list instead:
 # one list read then costs less than as many one-job reads.
 _PROBE_READS = 32
-
-# While `yield_to` says its owner's writes are under way, polls wait in steps
-# of this long, for at most `max_yield` in all.
-_YIELD_STEP = 0.02
 
 # A read that slurmctld was too busy to answer in time: tries, and the pause
 # before the second (doubling after).
@@ -250,7 +245,6 @@ class ViewStats:
     retries: int = 0  # reads tried again because slurmctld answered too late
     probes: int = 0  # job polls answered by the state probe and one-job reads
     probe_reads: int = 0  # one-job reads those probes made
-    yielded: float = 0.0  # seconds polls waited for the owner's writes (`yield_to`)
     events: int = 0
 
 
@@ -281,8 +275,6 @@ class SlurmView:
         full_every: float | None = 60.0,
         job_probe: bool = False,
         detail_every: float = 5.0,
-        yield_to: Callable[[], bool] | None = None,
-        max_yield: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -322,13 +314,6 @@ class SlurmView:
         # (or, first, from the list's), so a job whose one-job read words its
         # state otherwise than the probe is read once, not at every poll.
         self._probed: dict[int, tuple[str, ...]] = {}
-        # While `yield_to()` is true (its owner's writes are under way), a poll
-        # waits, for at most `max_yield` seconds: at thousands of nodes a read
-        # after a change is about a second of slurmrestd's CPU, and a mass
-        # change's writes (a hundred resumes) should not queue behind it. What
-        # the writes, or anyone else, changed meanwhile is read once they are done.
-        self.yield_to = yield_to
-        self.max_yield = max_yield
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
         self._jobs: _Table[int, Job] = _Table()
@@ -469,15 +454,12 @@ class SlurmView:
         """Read everything now (not incrementally); raises if Slurm cannot be read."""
         await self._sync(full=True)
 
-    async def refresh_node(self, name: str, *, keep_fresh: bool = False) -> Node | None:
-        """Read one node now, update the cache (and emit) and return it; None if gone.
-
-        A failed read raises, and marks the view stale unless `keep_fresh` (a
-        read that only hurries what the next poll brings anyway)."""
+    async def refresh_node(self, name: str) -> Node | None:
+        """Read one node now, update the cache (and emit) and return it; None if gone."""
         try:
             node = await _retrying(lambda: self.client.node(name), self.stats)
         except SlurmError as exc:
-            if not keep_fresh and not _slurmctld_busy(exc):
+            if not _slurmctld_busy(exc):
                 self._fail(exc)
             raise
         async with self._sync_lock:
@@ -505,7 +487,6 @@ class SlurmView:
     async def _run(self, first: asyncio.Future[None]) -> None:
         failures = 0
         while True:
-            await self._yield_to_writes()
             started = self._clock()
             lists_read = self.stats.changed + self.stats.full_reads
             # Cleared before the read, not after: a poll_now() during it still counts.
@@ -534,16 +515,6 @@ class SlurmView:
                         delay = max(delay, spacing)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
-
-    async def _yield_to_writes(self) -> None:
-        if self.yield_to is None or not self.yield_to():
-            return
-        began = time.monotonic()
-        for _ in range(math.ceil(self.max_yield / _YIELD_STEP)):
-            await asyncio.sleep(_YIELD_STEP)
-            if not self.yield_to():
-                break
-        self.stats.yielded += time.monotonic() - began
 
     def _full_due(self) -> bool:
         if self._last_full is None:  # the first read, or the first after a failure

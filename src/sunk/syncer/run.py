@@ -38,11 +38,9 @@ async def run_syncer(config: SyncerConfig) -> None:
 
     async def lead(wiring: Wiring) -> None:
         async with SlurmView(wiring.slurm, interval=config.poll_interval, watch_jobs=False) as view:
-            port = SlurmPortForSyncer(wiring.slurm, view, limits=config.limits)
-            view.yield_to = port.writing  # a mass change's writes go before the reads
             syncer = Syncer(
                 wiring.kube,
-                port,
+                SlurmPortForSyncer(wiring.slurm, view, limits=config.limits),
                 watched_conditions=config.watched_conditions,
                 lock_effect=config.lock_effect,
                 namespace=config.namespace,

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from sunk.slurm.channel import SlurmChannel
 from sunk.slurm.client import SlurmClient
-from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmError, SlurmUnavailableError
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
 from sunk.slurm.models import Node, NodeUpdate
 from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
 from sunk.syncer.batch import BatchWriter
@@ -19,10 +19,6 @@ from sunk.syncer.slurm_port import ALL_NODES
 
 # The read right before a write waits this long, then the view's copy is used.
 GUARD_READ_TIMEOUT = 0.5
-# A mass change's reconciles reach the writer spread out (by their guard reads
-# and the Kubernetes events behind them): its writes count as under way until
-# none has gone out for this long.
-WRITES_SETTLE = 0.2
 
 
 def slurm_state(node: Node) -> SlurmState:
@@ -68,20 +64,6 @@ class SlurmPortForSyncer(SlurmChannel):
         except (SlurmApiError, TimeoutError):
             return self.node(name)
         return None if node is None else slurm_state(node)
-
-    async def show_written(self, name: str) -> None:
-        """At thousands of nodes a poll after a change reads every node (about a
-        second of slurmrestd's CPU); one node's read takes a few ms."""
-        try:
-            async with asyncio.timeout(GUARD_READ_TIMEOUT):
-                await self._view.refresh_node(name, keep_fresh=True)
-        except (SlurmError, TimeoutError):
-            self._view.poll_now()
-
-    def writing(self) -> bool:
-        """Node writes are under way, or went out within WRITES_SETTLE: the
-        view's polls wait for them (`SlurmView.yield_to`)."""
-        return self._writer.quiet_for() < WRITES_SETTLE
 
     async def drain(self, name: str, reason: str) -> None:
         await self._writer.drain(name, reason)
