@@ -5,20 +5,15 @@ and the adapter's guard read."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
-from urllib.parse import unquote
 
-import httpx2
 import pytest
 from lightkube.models.core_v1 import NodeCondition
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.events_v1 import Event
 
-from sunk.slurm import SlurmClient, SlurmView, StaticToken
 from sunk.slurm.errors import SlurmApiError, SlurmProblem, SlurmUnavailableError
-from sunk.slurm.hostlist import expand
 from sunk.slurm.models import Node as SlurmNode
 from sunk.syncer import slurm_adapter
 from sunk.syncer.controller import Syncer
@@ -126,7 +121,7 @@ class FakeSlurm:
     def __init__(self, now: SlurmState | None) -> None:
         self.now = now
         self.writes: list[tuple[str, ...]] = []
-        self.shown = 0
+        self.polls = 0
 
     def node(self, name: str) -> SlurmState | None:
         return self.now
@@ -143,8 +138,8 @@ class FakeSlurm:
     async def set_comment(self, name: str, comment: str) -> None:
         self.writes.append(("comment", comment))
 
-    async def show_written(self, name: str) -> None:
-        self.shown += 1
+    def poll_now(self) -> None:
+        self.polls += 1
 
     async def follow(
         self,
@@ -231,7 +226,7 @@ async def test_slurm_writes_are_guarded_by_a_read_right_before(
     for _ in range(5):  # the Events are written off the worker
         await asyncio.sleep(0)
     assert kube.reasons == told
-    assert slurm.shown == 1  # the view is asked to show the outcome either way
+    assert slurm.polls == 1  # the view is asked to show the outcome either way
     for kind in ("drain", "resume", "comment"):
         counted = syncer.metrics.registry.get_sample_value(
             "sunk_syncer_actions_total", {"kind": kind}
@@ -343,76 +338,3 @@ async def test_the_guard_read_raises_when_slurm_cannot_be_reached() -> None:
     port = SlurmPortForSyncer(FakeClient(down), FakeView(CACHED))  # type: ignore[arg-type]
     with pytest.raises(SlurmUnavailableError):
         await port.read_node("slurmd-0")
-
-
-class MockSlurmrestd:
-    """Node reads and writes as slurmrestd answers them (v0.0.42): writes wait
-    while `gate` is clear; records every request and the most reads at once."""
-
-    def __init__(self, names: list[str]) -> None:
-        self.reasons = dict.fromkeys(names, "")
-        self.gate = asyncio.Event()
-        self.requests: list[str] = []
-        self.reading = 0
-        self.most_reading = 0
-
-    def _node(self, name: str) -> dict[str, object]:
-        reason = self.reasons[name]
-        return {"name": name, "state": ["IDLE", "DRAIN"] if reason else ["IDLE"], "reason": reason}
-
-    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        path = request.url.path
-        if path == "/openapi/v3":
-            paths = {
-                "/slurm/v0.0.42/nodes/": {"get": {}},
-                "/slurm/v0.0.42/node/{node_name}": {"get": {}, "post": {}},
-            }
-            return _json({"paths": paths})
-        if path.endswith("/nodes/"):
-            self.requests.append("list")
-            return _json({"nodes": [self._node(n) for n in self.reasons], "last_update": 1})
-        name = unquote(path.rsplit("/", 1)[1])
-        if request.method == "POST":
-            self.requests.append(f"write {name}")
-            await self.gate.wait()
-            for node in expand(name):
-                self.reasons[node] = json.loads(request.content).get("reason", "")
-            return _json({})
-        self.requests.append(f"read {name}")
-        self.reading += 1
-        self.most_reading = max(self.most_reading, self.reading)
-        await asyncio.sleep(0.01)
-        self.reading -= 1
-        return _json({"nodes": [self._node(name)]})
-
-
-def _json(body: object) -> httpx2.Response:
-    return httpx2.Response(200, content=json.dumps(body).encode())
-
-
-async def test_written_nodes_are_read_back_once_the_writes_pause_a_few_at_a_time() -> None:
-    """Not a read of every node (a second of slurmrestd's CPU at 5,000), and not
-    read back between the writes of the same mass change."""
-    names = [f"slurmd-{i}" for i in range(6)]
-    slurmrestd = MockSlurmrestd(names)
-    transport = httpx2.MockTransport(slurmrestd)
-    client = SlurmClient("http://slurm", StaticToken("root", "t"), transport=transport)
-    async with client, SlurmView(client, interval=3600, watch_jobs=False) as view:
-        port = SlurmPortForSyncer(client, view)
-        writes = asyncio.gather(*(port.drain(name, "sunk: x") for name in names))
-        await asyncio.sleep(0.02)
-        for name in names[:3]:  # as if those had been written already
-            await port.show_written(name)
-        await asyncio.sleep(0.2)
-        assert not [r for r in slurmrestd.requests if r.startswith("read")]
-        slurmrestd.gate.set()
-        await writes
-        for name in names[3:]:
-            await port.show_written(name)
-        async with asyncio.timeout(2):
-            while not all(view.node(name).draining for name in names):  # type: ignore[union-attr]
-                await asyncio.sleep(0.01)
-    reads = [r for r in slurmrestd.requests if r.startswith("read")]
-    assert sorted(reads) == [f"read {name}" for name in names]
-    assert slurmrestd.requests.count("list") == 1  # the view's first read only
-    assert slurmrestd.most_reading <= slurm_adapter.READ_BACK_AT_ONCE

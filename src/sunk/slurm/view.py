@@ -454,15 +454,12 @@ class SlurmView:
         """Read everything now (not incrementally); raises if Slurm cannot be read."""
         await self._sync(full=True)
 
-    async def refresh_node(self, name: str, *, keep_fresh: bool = False) -> Node | None:
-        """Read one node now, update the cache (and emit) and return it; None if gone.
-
-        A failed read raises, and marks the view stale unless `keep_fresh` (a
-        read that only hurries what the next poll brings anyway)."""
+    async def refresh_node(self, name: str) -> Node | None:
+        """Read one node now, update the cache (and emit) and return it; None if gone."""
         try:
             node = await _retrying(lambda: self.client.node(name), self.stats)
         except SlurmError as exc:
-            if not keep_fresh and not _slurmctld_busy(exc):
+            if not _slurmctld_busy(exc):
                 self._fail(exc)
             raise
         async with self._sync_lock:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from sunk.slurm.errors import ESLURM_INVALID_NODE_STATE, SlurmApiError, SlurmAuthError
@@ -85,7 +84,6 @@ class BatchWriter:
         window: float = WINDOW,
         max_batch: int = MAX_BATCH,
         sleep: Sleep = asyncio.sleep,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch < 1:
             raise ValueError("a batch needs room for at least one node")
@@ -97,12 +95,6 @@ class BatchWriter:
         self._waiting: dict[NodeUpdate, _Waiters] = {}
         # One sender per update while it has callers; held here so it is not collected.
         self._senders: dict[NodeUpdate, asyncio.Task[None]] = {}
-        self._clock = clock
-        self._idle_since: float | None = clock()  # None while a sender runs
-
-    def quiet_for(self) -> float:
-        """Seconds since the last write ended; 0 while one is waiting or under way."""
-        return 0.0 if self._idle_since is None else self._clock() - self._idle_since
 
     async def drain(self, name: str, reason: str) -> None:
         await self.update(name, NodeUpdate(state="DRAIN", reason=reason))
@@ -118,7 +110,6 @@ class BatchWriter:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(update, {}).setdefault(name, []).append(future)
         if update not in self._senders:
-            self._idle_since = None
             self._senders[update] = asyncio.create_task(self._send_all(update))
         await future
 
@@ -155,8 +146,6 @@ class BatchWriter:
             raise
         finally:
             del self._senders[update]
-            if not self._senders:
-                self._idle_since = self._clock()
 
     async def _send(self, update: NodeUpdate, batch: _Waiters) -> None:
         names = list(batch)

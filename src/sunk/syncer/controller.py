@@ -396,8 +396,8 @@ class Syncer:
             )
             if node.metadata is not None and node.metadata.name:
                 self.queue.add_rate_limited(node.metadata.name)
-        # What was written (or not), shown without waiting for the next poll.
-        await self._slurm.show_written(slurm_name)
+        finally:
+            self._slurm.poll_now()  # show what was written without waiting for the next poll
 
     def _forget_write(self, slurm_name: str, task: asyncio.Task[None]) -> None:
         if self._writing.get(slurm_name) is task:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from sunk.slurm.channel import SlurmChannel
 from sunk.slurm.client import SlurmClient
-from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmError, SlurmUnavailableError
+from sunk.slurm.errors import SlurmApiError, SlurmAuthError, SlurmUnavailableError
 from sunk.slurm.models import Node, NodeUpdate
 from sunk.slurm.view import NodeEvent, Resync, SlurmView, StateEvent, ViewState
 from sunk.syncer.batch import BatchWriter
@@ -19,16 +19,6 @@ from sunk.syncer.slurm_port import ALL_NODES
 
 # The read right before a write waits this long, then the view's copy is used.
 GUARD_READ_TIMEOUT = 0.5
-# Written nodes are read back into the view once no write has gone out for
-# READ_BACK_AFTER (at most READ_BACK_WAIT), a few at a time: read back at once,
-# they held the client's connections ahead of the same mass change's guard
-# reads and writes (measured: a hundred resumes in 15-29 requests, not 6-7).
-# More than READ_BACK_MAX nodes: one poll reads them all instead.
-READ_BACK_AFTER = 0.05
-READ_BACK_WAIT = 1.0
-READ_BACK_AT_ONCE = 2
-READ_BACK_MAX = 256
-_PAUSE_STEP = 0.01
 
 
 def slurm_state(node: Node) -> SlurmState:
@@ -54,9 +44,6 @@ class SlurmPortForSyncer(SlurmChannel):
         self._writes = TokenBucket(limits.slurm_rate, limits.slurm_burst)
         self._writer = BatchWriter(self._update_nodes, self._writes.acquire)
         self._write_callbacks: list[Callable[[int], None]] = []
-        self._written: set[str] = set()
-        self._reading_back: asyncio.Task[None] | None = None
-        self._read_back_gate = asyncio.Semaphore(READ_BACK_AT_ONCE)
 
     def node(self, name: str) -> SlurmState | None:
         node = self._view.node(name)
@@ -77,34 +64,6 @@ class SlurmPortForSyncer(SlurmChannel):
         except (SlurmApiError, TimeoutError):
             return self.node(name)
         return None if node is None else slurm_state(node)
-
-    async def show_written(self, name: str) -> None:
-        """At thousands of nodes a poll after a change reads every node (about a
-        second of slurmrestd's CPU); one node's read takes a few ms."""
-        self._written.add(name)
-        if self._reading_back is None or self._reading_back.done():
-            self._reading_back = asyncio.create_task(self._read_back())
-
-    async def _read_back(self) -> None:
-        while self._written:
-            for _ in range(round(READ_BACK_WAIT / _PAUSE_STEP)):
-                if self._writer.quiet_for() >= READ_BACK_AFTER:
-                    break
-                await asyncio.sleep(_PAUSE_STEP)
-            names = sorted(self._written)
-            self._written.clear()
-            if len(names) > READ_BACK_MAX:
-                self._view.poll_now()
-                continue
-            await asyncio.gather(*(self._read_back_one(name) for name in names))
-
-    async def _read_back_one(self, name: str) -> None:
-        async with self._read_back_gate:
-            try:
-                async with asyncio.timeout(GUARD_READ_TIMEOUT):
-                    await self._view.refresh_node(name, keep_fresh=True)
-            except (SlurmError, TimeoutError):
-                self._view.poll_now()  # the next poll brings it
 
     async def drain(self, name: str, reason: str) -> None:
         await self._writer.drain(name, reason)

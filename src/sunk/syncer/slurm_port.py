@@ -53,11 +53,9 @@ class SyncerSlurm(Protocol):
         """Set the node's comment; batched and limited as `drain` is."""
         ...
 
-    async def show_written(self, name: str) -> None:
-        """Bring the node just written into the cached view (one small read, not
-        a read of every node), so the view shows the write and its change event
-        wakes the node's reconcile. Never raises: when the read fails, the view's
-        next poll brings the node."""
+    def poll_now(self) -> None:
+        """Cut the view's wait short: show what was just written without waiting
+        for the next poll."""
         ...
 
     async def follow(
