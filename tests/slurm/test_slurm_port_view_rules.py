@@ -514,3 +514,36 @@ async def test_a_job_the_probe_words_otherwise_is_read_once_not_at_every_poll() 
         await view._sync(full=False)
     assert fake.requests == ["list", "state", "job 1", "state", "state"]
     await view.client.aclose()
+
+
+async def test_a_node_read_mark_is_passed_by_a_read_begun_after_it_only() -> None:
+    """What the syncer wrote shows in the cache once a list read begun after the
+    write has come back; one already under way may predate the write."""
+    fake, clock = FakeSlurm(), Clock()
+    release = asyncio.Event()
+    held = False
+
+    async def serve(request: httpx2.Request) -> httpx2.Response:
+        if held and request.url.path != "/openapi/v3":
+            await release.wait()
+        return fake(request)
+
+    view = SlurmView(
+        client_of(serve),  # type: ignore[arg-type]
+        interval=3600,
+        watch_jobs=False,
+        stale_after=5,
+        clock=clock,
+    )
+    await view.refresh()
+    held = True
+    under_way = asyncio.create_task(view._sync(full=False))
+    await asyncio.sleep(0.01)
+    mark = view.node_read_mark()  # the write came back while that read was under way
+    release.set()
+    await under_way
+    assert not view.nodes_read_since(mark)
+    await view._sync(full=False)  # "unchanged" (304) is a read as well
+    assert fake.requests[-1] == "incremental"
+    assert view.nodes_read_since(mark)
+    await view.client.aclose()

@@ -227,6 +227,8 @@ async def test_slurm_writes_are_guarded_by_a_read_right_before(
         await asyncio.sleep(0)
     assert kube.reasons == told
     assert slurm.polls == 1  # the view is asked to show the outcome either way
+    # The port's copy shows what was written at once: the node's mirror follows.
+    assert len(syncer.mirrors) == (1 if writes else 0)
     for kind in ("drain", "resume", "comment"):
         counted = syncer.metrics.registry.get_sample_value(
             "sunk_syncer_actions_total", {"kind": kind}
@@ -338,3 +340,69 @@ async def test_the_guard_read_raises_when_slurm_cannot_be_reached() -> None:
     port = SlurmPortForSyncer(FakeClient(down), FakeView(CACHED))  # type: ignore[arg-type]
     with pytest.raises(SlurmUnavailableError):
         await port.read_node("slurmd-0")
+
+
+class WritingClient(FakeClient):
+    """Takes node updates; `refuse` makes the next one fail."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.updates: list[tuple[list[str], dict[str, object]]] = []
+        self.refuse: SlurmApiError | None = None
+
+    async def update_nodes(self, names: list[str], update: object) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.updates.append((list(names), update.model_dump(exclude_none=True)))  # type: ignore[attr-defined]
+
+
+class MarkedView(FakeView):
+    """A view whose node list reads are counted as the real one counts them."""
+
+    def __init__(self, cached: SlurmNode) -> None:
+        super().__init__(cached)
+        self.begun = 0
+        self.read = 0
+
+    def node_read_mark(self) -> int:
+        return self.begun
+
+    def nodes_read_since(self, mark: int) -> bool:
+        return self.read > mark
+
+
+async def test_the_syncers_own_writes_show_on_the_cached_node_until_the_view_reads_again() -> None:
+    view = MarkedView(CACHED)
+    client = WritingClient()
+    port = SlurmPortForSyncer(client, view)  # type: ignore[arg-type]
+    await port.drain("slurmd-0", "sunk/syncer: node cordoned")
+    shown = port.node("slurmd-0")
+    assert shown is not None
+    assert (shown.drained, shown.reason) == (True, "sunk/syncer: node cordoned")
+    # A read begun before the drain was written may not show it: the drain stays laid over.
+    view.begun += 1
+    view.read = view.begun - 1
+    assert port.node("slurmd-0") == shown
+    # Once a read begun after it succeeds, the cache says what Slurm says (here:
+    # someone resumed the node meanwhile), and nothing the syncer wrote hides it.
+    view.read = view.begun
+    assert port.node("slurmd-0") == slurm_adapter.slurm_state(CACHED)
+
+    view.cached = NOW  # drained by a person
+    await port.resume("slurmd-0")  # (the controller's guard read would have kept this back)
+    await port.set_comment("slurmd-0", "k8s pod default/slurmd-0 on node n0")
+    shown = port.node("slurmd-0")
+    assert shown is not None
+    assert (shown.drained, shown.reason) == (False, "")
+    assert shown.comment == "k8s pod default/slurmd-0 on node n0"
+    assert [names for names, _ in client.updates] == [["slurmd-0"]] * 3
+
+
+async def test_a_write_slurm_refused_is_not_laid_over_the_cached_node() -> None:
+    view = MarkedView(CACHED)
+    client = WritingClient()
+    client.refuse = SlurmApiError("POST", "node/slurmd-0", 400, (SlurmProblem(2016, "no", ""),))
+    port = SlurmPortForSyncer(client, view)  # type: ignore[arg-type]
+    with pytest.raises(SlurmApiError):
+        await port.drain("slurmd-0", "sunk/syncer: node cordoned")
+    assert port.node("slurmd-0") == slurm_adapter.slurm_state(CACHED)

@@ -316,6 +316,10 @@ class SlurmView:
         self._probed: dict[int, tuple[str, ...]] = {}
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
+        # Node list reads are numbered as they begin; `_nodes_read` is the number
+        # of the last one that succeeded (`nodes_read_since`).
+        self._node_reads_begun = 0
+        self._nodes_read = 0
         self._jobs: _Table[int, Job] = _Table()
         self._state = ViewState.STARTING
         self._stale_reason = "not read yet"
@@ -405,6 +409,15 @@ class SlurmView:
     def node(self, name: str, *, allow_stale: bool = False) -> Node | None:
         self._require_fresh(allow_stale)
         return self._nodes.items.get(name)
+
+    def node_read_mark(self) -> int:
+        """A mark for this moment among the view's node reads (`nodes_read_since`)."""
+        return self._node_reads_begun
+
+    def nodes_read_since(self, mark: int) -> bool:
+        """Has a node list read begun after `mark` was taken succeeded? Then what
+        Slurm held at the mark shows in the cache, or a later change does."""
+        return self._nodes_read > mark
 
     def jobs(self, *, allow_stale: bool = False) -> Mapping[int, Job]:
         self._require_fresh(allow_stale)
@@ -558,7 +571,10 @@ class SlurmView:
         return await self.client.jobs(since, read_timeout=self.poll_timeout)
 
     async def _sync_nodes(self, full: bool) -> list[Event]:
+        self._node_reads_begun += 1
+        begun = self._node_reads_begun
         listing = await self._read(self._nodes, self._read_nodes, full)
+        self._nodes_read = begun  # "unchanged" (None) is a read too
         if listing is None:
             return []
         new = {node.name: node for node in listing.items}

@@ -1,11 +1,21 @@
 """SyncerSlurm over sunk's Slurm port: the cached view for deciding, a guard
-read and batched, rate-limited writes for acting."""
+read and batched, rate-limited writes for acting.
+
+The view's copy of a node carries the syncer's own writes from the moment
+Slurm accepts them until the view has read its node list again. At 5,000
+nodes that list takes over a second to read, and a rack uncordoned right
+after its cordon would otherwise wait for it to see the drains it is to
+undo. Nothing acts on the written fields alone: every drain and resume reads
+the node right before (`read_node`), as before.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple
 
 from sunk.slurm.channel import SlurmChannel
 from sunk.slurm.client import SlurmClient
@@ -19,6 +29,13 @@ from sunk.syncer.slurm_port import ALL_NODES
 
 # The read right before a write waits this long, then the view's copy is used.
 GUARD_READ_TIMEOUT = 0.5
+
+
+class Written(NamedTuple):
+    """Fields of a node as the syncer wrote them, and when (a view read mark)."""
+
+    mark: int
+    fields: dict[str, str | bool]
 
 
 def slurm_state(node: Node) -> SlurmState:
@@ -44,10 +61,35 @@ class SlurmPortForSyncer(SlurmChannel):
         self._writes = TokenBucket(limits.slurm_rate, limits.slurm_burst)
         self._writer = BatchWriter(self._update_nodes, self._writes.acquire)
         self._write_callbacks: list[Callable[[int], None]] = []
+        # Slurm node → what the syncer wrote to it that the view may not show yet.
+        self._written: dict[str, list[Written]] = {}
 
     def node(self, name: str) -> SlurmState | None:
         node = self._view.node(name)
-        return None if node is None else slurm_state(node)
+        return None if node is None else self._with_written(slurm_state(node))
+
+    def _with_written(self, state: SlurmState) -> SlurmState:
+        """`state` with the writes the view has not read since laid over it."""
+        if (written := self._written.get(state.name)) is None:
+            return state
+        unread = [w for w in written if not self._view.nodes_read_since(w.mark)]
+        if unread:
+            self._written[state.name] = unread
+        else:
+            del self._written[state.name]
+        for write in unread:
+            state = dataclasses.replace(state, **write.fields)  # type: ignore[arg-type]
+        return state
+
+    def _note_written(self, name: str, **fields: str | bool) -> None:
+        mark = self._view.node_read_mark()
+        # Drop what every node's later reads have shown, so the map stays small.
+        self._written = {
+            n: kept
+            for n, written in self._written.items()
+            if (kept := [w for w in written if not self._view.nodes_read_since(w.mark)])
+        }
+        self._written.setdefault(name, []).append(Written(mark, fields))
 
     async def read_node(self, name: str) -> SlurmState | None:
         """Not through the view's refresh_node: a failed read there marks the whole
@@ -67,12 +109,15 @@ class SlurmPortForSyncer(SlurmChannel):
 
     async def drain(self, name: str, reason: str) -> None:
         await self._writer.drain(name, reason)
+        self._note_written(name, drained=True, reason=reason)
 
     async def resume(self, name: str) -> None:
         await self._writer.resume(name)
+        self._note_written(name, drained=False, reason="")
 
     async def set_comment(self, name: str, comment: str) -> None:
         await self._writer.comment(name, comment)
+        self._note_written(name, comment=comment)
 
     async def _update_nodes(self, names: Sequence[str], update: NodeUpdate) -> None:
         """One request of the batch writer."""

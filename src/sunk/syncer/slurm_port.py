@@ -24,8 +24,10 @@ class SyncerSlurm(Protocol):
         ...
 
     def node(self, name: str) -> SlurmState | None:
-        """The cached node (at most one poll old); None if Slurm has no such node.
-        Only while `fresh`: raises SlurmStaleError otherwise."""
+        """The cached node (at most one poll old), with the syncer's own writes
+        that Slurm accepted laid over it until the cache has been read since;
+        None if Slurm has no such node. Only while `fresh`: raises
+        SlurmStaleError otherwise."""
         ...
 
     async def read_node(self, name: str) -> SlurmState | None:
