@@ -390,9 +390,6 @@ class Syncer:
                 if write.event is not None:
                     reason, note, action, type_ = write.event
                     self._events.emit_soon(node, reason, note, action=action, type_=type_)
-            if writes and node.metadata is not None and node.metadata.name:
-                # The port's copy shows the writes now: so can the node and its pod.
-                self.mirrors.add(node.metadata.name)
         except Exception as error:  # the node is reconciled again, after a back-off
             log.warning(
                 "writing Slurm node %s failed (%s); reconciling it again", slurm_name, error
