@@ -346,7 +346,8 @@ async def bench(args: argparse.Namespace) -> None:
                 print(
                     f"  {live} nodes cordoned at once:        all drained "
                     f"{max(drained_at) - started:.2f} s after the first PATCH "
-                    f"(the PATCHes took {cordoned:.2f} s; {writes_since(metrics_port, writes)})",
+                    f"({max(drained_at) - started - cordoned:.2f} s after the last; "
+                    f"the PATCHes took {cordoned:.2f} s; {writes_since(metrics_port, writes)})",
                     flush=True,
                 )
                 writes = slurm_writes(metrics_port)
@@ -360,7 +361,8 @@ async def bench(args: argparse.Namespace) -> None:
                 print(
                     f"  {live} nodes uncordoned at once:      {len(resumed_at)} resumed, the last "
                     f"{max(resumed_at) - started:.2f} s after the first PATCH "
-                    f"(the PATCHes took {uncordoned:.2f} s; {writes_since(metrics_port, writes)})",
+                    f"({max(resumed_at) - started - uncordoned:.2f} s after the last; "
+                    f"the PATCHes took {uncordoned:.2f} s; {writes_since(metrics_port, writes)})",
                     flush=True,
                 )
                 await asyncio.sleep(5)
