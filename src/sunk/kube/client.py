@@ -9,6 +9,8 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.resources.core_v1 import Pod
 
+from sunk.http_transport import http_transport
+
 # Idle connections to the apiserver are kept, as many as requests run at once
 # and for a minute: a burst then reuses them. httpx's defaults (20, for 5 s)
 # made the scheduler open ~60 new TLS connections per burst of 1,000 pods and
@@ -31,7 +33,7 @@ def kube_client(
         raise ValueError("the kubeconfig's current context names no user")
     # The transport carries the limits, so it also carries the TLS settings
     # (CA and client certificate) that lightkube would otherwise give httpx.
-    transport = httpx2.AsyncHTTPTransport(
+    transport = http_transport(
         verify=verify_cluster(single.cluster, single.user, single.abs_file),
         limits=KEPT_CONNECTIONS,
     )

@@ -33,6 +33,7 @@ from urllib.parse import quote
 import httpx2
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from sunk.http_transport import http_transport
 from sunk.slurm.auth import Credentials
 from sunk.slurm.dialect import (
     SUPPORTED_VERSIONS,
@@ -254,13 +255,14 @@ class SlurmClient:
         self.retry = retry
         self._on_warning = on_warning
         self._semaphore = asyncio.Semaphore(max_concurrency)
+        limits = httpx2.Limits(
+            max_connections=max_concurrency, max_keepalive_connections=max_concurrency
+        )
         self._http = httpx2.AsyncClient(
             base_url=self.base_url,
             timeout=timeout,
-            limits=httpx2.Limits(
-                max_connections=max_concurrency, max_keepalive_connections=max_concurrency
-            ),
-            transport=transport,
+            limits=limits,
+            transport=transport or http_transport(limits=limits, trust_env=True),
         )
         self._dialect: Dialect | None = None
         self._info: ServerInfo | None = None
