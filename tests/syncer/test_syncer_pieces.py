@@ -264,6 +264,24 @@ class SlowSlurm(FakeSlurm):
         await super().drain(name, reason)
 
 
+async def test_events_wait_while_nodes_are_being_reconciled() -> None:
+    """A mass change's Events go out once its reconciles are done (at most 5 s later)."""
+    slurm, kube = FakeSlurm(slurm_node(False)), FakeKube()
+    syncer = Syncer(kube, slurm)  # type: ignore[arg-type]
+    syncer.queue.add("n2")  # another node waits for its reconcile
+    node = Node(metadata=ObjectMeta(name="n1", uid="u1"))
+    await syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[Drain(OURS)]))
+    await syncer.slurm_writes_done()
+    await asyncio.sleep(0.1)
+    assert slurm.writes == [("drain", OURS)]
+    assert kube.reasons == []  # held
+    syncer.queue.done(await syncer.queue.get())
+    async with asyncio.timeout(1):
+        while not kube.reasons:
+            await asyncio.sleep(0.01)
+    assert kube.reasons == ["SlurmDrain"]
+
+
 async def test_a_reconcile_leaves_its_slurm_write_under_way_and_the_next_one_waits_for_it() -> None:
     """The worker goes on while the batch writer gathers many nodes; the node's
     own next reconcile reads and writes only after that write is done."""

@@ -110,7 +110,12 @@ class Syncer:
         self._watched = tuple(watched_conditions)
         self._lock_effect = lock_effect
         self._workers = workers
-        self._events = EventRecorder(kube, CONTROLLER)
+        # A mass change's Events (a rack drained: a hundred) wait while nodes are
+        # being reconciled or mirrored, at most MAX_HOLD: meanwhile the apiserver
+        # and this process serve the changes the Events describe.
+        self._events = EventRecorder(
+            kube, CONTROLLER, busy=lambda: self.queue.busy or self.mirrors.busy
+        )
         limits = limits or WriteLimits()
         self.kube_writes = TokenBucket(limits.kube_rate, limits.kube_burst)
         self.metrics.write_wait.labels(api="slurm").set_function(lambda: slurm.write_wait)
