@@ -422,3 +422,14 @@ async def test_a_write_slurm_refused_is_not_laid_over_the_cached_node() -> None:
     with pytest.raises(SlurmApiError):
         await port.drain("slurmd-0", "sunk/syncer: node cordoned")
     assert port.node("slurmd-0") == slurm_adapter.slurm_state(CACHED)
+
+
+async def test_what_the_view_has_read_since_is_dropped_from_the_written_nodes() -> None:
+    view = MarkedView(CACHED)
+    port = SlurmPortForSyncer(WritingClient(), view)  # type: ignore[arg-type]
+    for i in range(slurm_adapter.PRUNE_AT_LEAST):
+        await port.set_comment(f"slurmd-{i}", "c")
+    view.begun += 1
+    view.read = view.begun  # the view has read every node since
+    await port.set_comment("slurmd-x", "c")
+    assert list(port._written) == ["slurmd-x"]

@@ -29,6 +29,9 @@ from sunk.syncer.slurm_port import ALL_NODES
 
 # The read right before a write waits this long, then the view's copy is used.
 GUARD_READ_TIMEOUT = 0.5
+# The map of written nodes is pruned when it reaches this size, or twice the
+# size it had after the last pruning.
+PRUNE_AT_LEAST = 64
 
 
 class Written(NamedTuple):
@@ -63,6 +66,7 @@ class SlurmPortForSyncer(SlurmChannel):
         self._write_callbacks: list[Callable[[int], None]] = []
         # Slurm node → what the syncer wrote to it that the view may not show yet.
         self._written: dict[str, list[Written]] = {}
+        self._prune_at = PRUNE_AT_LEAST
 
     def node(self, name: str) -> SlurmState | None:
         node = self._view.node(name)
@@ -82,14 +86,16 @@ class SlurmPortForSyncer(SlurmChannel):
         return state
 
     def _note_written(self, name: str, **fields: str | bool) -> None:
-        mark = self._view.node_read_mark()
-        # Drop what every node's later reads have shown, so the map stays small.
-        self._written = {
-            n: kept
-            for n, written in self._written.items()
-            if (kept := [w for w in written if not self._view.nodes_read_since(w.mark)])
-        }
-        self._written.setdefault(name, []).append(Written(mark, fields))
+        if len(self._written) >= self._prune_at:
+            # Drop what the view has read since, so the map stays as small as the
+            # writes of one read's time; each write pays for this once, on average.
+            self._written = {
+                n: kept
+                for n, written in self._written.items()
+                if (kept := [w for w in written if not self._view.nodes_read_since(w.mark)])
+            }
+            self._prune_at = max(PRUNE_AT_LEAST, 2 * len(self._written))
+        self._written.setdefault(name, []).append(Written(self._view.node_read_mark(), fields))
 
     async def read_node(self, name: str) -> SlurmState | None:
         """Not through the view's refresh_node: a failed read there marks the whole
