@@ -433,3 +433,18 @@ async def test_what_the_view_has_read_since_is_dropped_from_the_written_nodes() 
     view.read = view.begun  # the view has read every node since
     await port.set_comment("slurmd-x", "c")
     assert list(port._written) == ["slurmd-x"]
+
+
+async def test_a_failed_guard_read_falls_back_to_slurms_copy_not_the_syncers_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A person may have drained the node since sunk's own drain: when the read
+    before a resume hangs, sunk's write in its copy must not stand in for it."""
+    monkeypatch.setattr(slurm_adapter, "GUARD_READ_TIMEOUT", 0.01)
+    view = MarkedView(CACHED)
+    client = WritingClient()
+    port = SlurmPortForSyncer(client, view)  # type: ignore[arg-type]
+    await port.drain("slurmd-0", "sunk/syncer: node cordoned")
+    client.hangs = True
+    guarded = await port.read_node("slurmd-0")
+    assert guarded == slurm_adapter.slurm_state(CACHED)  # not drained: no resume on it

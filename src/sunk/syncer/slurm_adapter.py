@@ -103,6 +103,8 @@ class SlurmPortForSyncer(SlurmChannel):
         a change ("Unable to query partitions"), or hangs on them until its
         MessageTimeout. Then the view's copy (at most one poll old) has to do,
         rather than holding the write back; an unreachable Slurm still raises.
+        Slurm's copy, not the syncer's writes laid over it: what guards a write
+        is never what the syncer itself wrote.
         """
         try:
             async with asyncio.timeout(GUARD_READ_TIMEOUT):
@@ -110,7 +112,7 @@ class SlurmPortForSyncer(SlurmChannel):
         except (SlurmAuthError, SlurmUnavailableError):
             raise
         except (SlurmApiError, TimeoutError):
-            return self.node(name)
+            node = self._view.node(name)
         return None if node is None else slurm_state(node)
 
     async def drain(self, name: str, reason: str) -> None:
