@@ -76,7 +76,7 @@ class SlurmPortForSyncer(SlurmChannel):
         """`state` with the writes the view has not read since laid over it."""
         if (written := self._written.get(state.name)) is None:
             return state
-        unread = [w for w in written if not self._view.nodes_read_since(w.mark)]
+        unread = self._unread(written)
         if unread:
             self._written[state.name] = unread
         else:
@@ -85,14 +85,16 @@ class SlurmPortForSyncer(SlurmChannel):
             state = dataclasses.replace(state, **write.fields)  # type: ignore[arg-type]
         return state
 
+    def _unread(self, written: list[Written]) -> list[Written]:
+        """The writes no node list read begun after them has shown yet."""
+        return [w for w in written if not self._view.nodes_read_since(w.mark)]
+
     def _note_written(self, name: str, **fields: str | bool) -> None:
         if len(self._written) >= self._prune_at:
             # Drop what the view has read since, so the map stays as small as the
             # writes of one read's time; each write pays for this once, on average.
             self._written = {
-                n: kept
-                for n, written in self._written.items()
-                if (kept := [w for w in written if not self._view.nodes_read_since(w.mark)])
+                n: kept for n, written in self._written.items() if (kept := self._unread(written))
             }
             self._prune_at = max(PRUNE_AT_LEAST, 2 * len(self._written))
         self._written.setdefault(name, []).append(Written(self._view.node_read_mark(), fields))
