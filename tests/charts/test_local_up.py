@@ -242,8 +242,16 @@ def job_state(cluster: Path, job: str) -> str:
 
 def wait_job_ended(cluster: Path, job: str, within: float = 60) -> str:
     live = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
-    command = f"squeue -h -j {job} -o %T 2>/dev/null || true"
-    poll_ssh(cluster, command, lambda state: state.strip() not in live, within, every=0.5)
+    # The reason and the nodes' states come along, so that a job still waiting
+    # at the deadline says why in the failure.
+    command = f"squeue -h -j {job} -o '%T %r' 2>/dev/null || true; sinfo -h -N -o '%N %T %E'"
+    poll_ssh(
+        cluster,
+        command,
+        lambda out: (out.split() or [""])[0] not in live,
+        within,
+        every=0.5,
+    )
     return job_state(cluster, job)
 
 
