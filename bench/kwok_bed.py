@@ -35,6 +35,7 @@ import contextlib
 import datetime
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -52,7 +53,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from sunk_testbed import control_plane
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, async_client
 from sunk_testbed.images import DEFAULT_SLURM
-from sunk_testbed.nodes import ensure_node_binaries
+from sunk_testbed.nodes import ensure_node_binaries, node_binaries_dir
 from sunk_testbed.procs import Supervisor, free_port, port_open
 from sunk_testbed.slurm_cluster import SlurmAccess, SlurmCluster, ensure_release_rootfs
 
@@ -266,6 +267,40 @@ def cpu_spent(before: dict[str, float], after: dict[str, float], top: int = 8) -
     spent = {c: after[c] - before.get(c, 0.0) for c in after}
     ranked = sorted(((s, c) for c, s in spent.items() if s > 0.05), reverse=True)[:top]
     return ", ".join(f"{c} {s:.1f}" for s, c in ranked)
+
+
+def apiserver_requests(kubeconfig: Path) -> dict[str, float]:
+    """The apiserver's request counters (its /metrics), summed by verb and
+    resource: what a burst asked of it, whoever asked."""
+    kubectl = [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={kubeconfig}"]
+    out = subprocess.run(
+        [*kubectl, "get", "--raw", "/metrics"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    totals: dict[str, float] = {}
+    for line in out.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if not fields.get("resource"):
+            continue  # /metrics, /healthz and the like: the bench's own reads
+        what = fields["resource"] + (
+            f"/{fields['subresource']}" if fields.get("subresource") else ""
+        )
+        key = f"{fields['verb']} {what}"
+        totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
+def requests_made(before: dict[str, float], after: dict[str, float], top: int = 10) -> str:
+    """The most frequent requests between two `apiserver_requests` readings."""
+    made = {k: after[k] - before.get(k, 0.0) for k in after}
+    ranked = sorted(((n, k) for k, n in made.items() if n >= 1), reverse=True)[:top]
+    return ", ".join(f"{k} {n:.0f}" for n, k in ranked)
 
 
 async def wait_until(

@@ -47,11 +47,13 @@ from lightkube.resources.core_v1 import ConfigMap, Pod
 sys.path.insert(0, str(Path(__file__).parent))
 from kwok_bed import (
     STAND_INS,
+    apiserver_requests,
     cpu_by_command,
     cpu_spent,
     kwok_bed,
     load_average,
     proc_stats,
+    requests_made,
     slurmd_pod,
     wait_until,
 )
@@ -168,6 +170,14 @@ async def jobs_by_kind(port: int) -> str:
     return ", ".join(counts) or "no jobs counted"
 
 
+async def slurm_requests(port: int) -> float:
+    """How many requests the scheduler has sent slurmrestd (its /metrics)."""
+    async with httpx2.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    line = next(li for li in text.splitlines() if li.startswith("sunk_scheduler_slurm_requests "))
+    return float(line.split()[1])
+
+
 def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -231,9 +241,12 @@ async def bench(
 
         for count in bursts:
             machine = cpu_by_command()
+            asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
             results[("kube-scheduler", count)] = await burst(kube, f"k{count}", count, None)
             print(f"kube-scheduler, {count}: {results[('kube-scheduler', count)]}", flush=True)
             print(f"  CPU s by command: {cpu_spent(machine, cpu_by_command())}", flush=True)
+            now_asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
+            print(f"  apiserver requests: {requests_made(asked, now_asked)}", flush=True)
             await clear(kube)
 
         # Its tenancy: the bench's pods run in Slurm as nobody (a uid of at least
@@ -283,6 +296,8 @@ async def bench(
                     before_stats = proc_stats(process.pid)
                     before = before_stats["cpu_s"]
                     machine = cpu_by_command()
+                    asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
+                    slurm_asked = await slurm_requests(metrics_port)
                     profiler = profile(process.pid, f"sunk-{count}")
                     results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)
                     if profiler is not None:
@@ -291,6 +306,10 @@ async def bench(
                     after = proc_stats(process.pid)
                     print(f"sunk, {count}: {results[('sunk', count)]}", flush=True)
                     print(f"  CPU s by command: {cpu_spent(machine, cpu_by_command())}", flush=True)
+                    now_asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
+                    print(f"  apiserver requests: {requests_made(asked, now_asked)}", flush=True)
+                    sent = await slurm_requests(metrics_port) - slurm_asked
+                    print(f"  sunk's requests to slurmrestd: {sent:.0f}", flush=True)
                     jobs = await jobs_by_kind(metrics_port)
                     print(
                         f"  sunk scheduler: {after['cpu_s'] - before:.2f} s CPU for the burst"
