@@ -18,6 +18,7 @@ from sunk.scheduler.decide import (
     Evict,
     Pending,
     Submit,
+    bound_to,
     decide,
 )
 from sunk.scheduler.request import ANNOTATION_JOB_ID, GANG_NAME, GANG_SIZE, Gang
@@ -155,3 +156,17 @@ def test_a_dropped_jobs_id_comes_off_the_pods_that_carry_it() -> None:
     carrier = pod("a", labels=GANG, job_id=7)
     decision = decide([carrier], 7, job("RUNNING"), NOW)
     assert decision.actions[0] == Drop(7, (carrier,))
+
+
+def test_a_pod_this_process_bound_is_decided_as_bound() -> None:
+    """A job event right after the bind, before the informer shows it: the pod
+    as bound (`bound_to`) asks for nothing more, so no second Binding goes out."""
+    pending = pod(job_id=7)
+    assumed = bound_to(pending, "n1")
+    assert assumed.spec is not None
+    assert assumed.spec.nodeName == "n1"
+    assert pending.spec is not None
+    assert pending.spec.nodeName is None
+    assert decide([pending], 7, RUNNING, NOW).actions
+    assert decide([assumed], 7, RUNNING, NOW).actions == ()
+    assert bound_to(BOUND, "n2") is BOUND

@@ -535,6 +535,9 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
         registry = process.metrics.registry
         assert registry.get_sample_value("sunk_scheduler_binds_total") == 1
         assert registry.get_sample_value("sunk_scheduler_bind_seconds_count") == 1
+        # Bound once: the job event that follows the bind finds the pod bound,
+        # even before the informer shows it (a second Binding would fail, 409).
+        assert registry.get_sample_value("sunk_scheduler_errors_total") == 0
         evicted = {"state": "CANCELLED"}
         assert registry.get_sample_value("sunk_scheduler_evictions_total", evicted) == 1
         await delete_and_wait(kube, sb, "victim")

@@ -66,6 +66,7 @@ from sunk.scheduler.decide import (
     Submit,
     active,
     bound,
+    bound_to,
     decide,
     deleting,
     pod_annotations,
@@ -196,6 +197,10 @@ class Scheduler:
         # show one without its deletionTimestamp, and a second delete of a
         # terminating pod succeeds again (one eviction, one Event, one count).
         self._evicted: RecentIds[str] = RecentIds(IDS_KEPT)
+        # Pod uid → the node this process bound it to, until the informer shows
+        # the bind (as kube-scheduler "assumes" a pod): a job event right after
+        # the bind must not bind the pod again (a second Binding only gets a 409).
+        self._assumed: dict[str, str] = {}
 
     # -- indexes and wake-ups -------------------------------------------------------
 
@@ -204,6 +209,8 @@ class Scheduler:
             if key is not None:
                 self.queue.add(key)
         uid = _pod_uid(event.obj)
+        if event.new is None or bound(event.new):
+            self._assumed.pop(uid, None)
         if event.new is None or deleting(event.new):
             self._first_seen.pop(uid, None)
         elif not bound(event.new):  # popped by the bind (its event may come first)
@@ -282,7 +289,13 @@ class Scheduler:
 
     def _members(self, key: str) -> list[Pod]:
         pods = [self._pods.get(k) for k in self.index.pods_of(key)]
-        return sorted((p for p in pods if p is not None), key=_pod_name)
+        return sorted((self._as_bound(p) for p in pods if p is not None), key=_pod_name)
+
+    def _as_bound(self, pod: Pod) -> Pod:
+        """The pod with the node this process bound it to, while the informer
+        has not shown that bind yet."""
+        node = self._assumed.get(_pod_uid(pod))
+        return pod if node is None else bound_to(pod, node)
 
     async def _job_of(self, key: str, pods: Sequence[Pod]) -> tuple[int | None, Job | None]:
         """The job for `key` (the live one if several), with its id; (None, None) if none.
@@ -515,6 +528,7 @@ class Scheduler:
             _pod_uid(pod),
             annotations={ANNOTATION_JOB_ID: str(job_id)},
         )
+        self._assumed[_pod_uid(pod)] = node
         self.metrics.binds.inc()
         if (seen := self._first_seen.pop(_pod_uid(pod), None)) is not None:
             self.metrics.bind_seconds.observe(time.monotonic() - seen)

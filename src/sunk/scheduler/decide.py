@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 from lightkube.resources.core_v1 import Pod
 
 from sunk.scheduler.request import ANNOTATION_JOB_ID, Gang, gang_of, grace_seconds
@@ -37,6 +38,13 @@ def deleting(pod: Pod) -> bool:
 
 def bound(pod: Pod) -> bool:
     return bool(pod.spec and pod.spec.nodeName)
+
+
+def bound_to(pod: Pod, node: str) -> Pod:
+    """A copy of the pod bound to `node` (the pod itself if it is bound already)."""
+    if pod.spec is None or bound(pod):
+        return pod
+    return msgspec.structs.replace(pod, spec=msgspec.structs.replace(pod.spec, nodeName=node))
 
 
 def active(job: Job | None) -> bool:
