@@ -475,6 +475,43 @@ async def test_refresh_job_caches_what_it_read() -> None:
     await view.client.aclose()
 
 
+async def test_a_probe_leaves_a_job_to_the_refresh_job_reading_it() -> None:
+    """The scheduler reads the job it has just allocated; a probe meanwhile does
+    not read it too, and the next probe reads it if it moved after that read."""
+    fake, clock = FakeJobs(), Clock()
+    release = asyncio.Event()
+
+    async def serve(request: httpx2.Request) -> httpx2.Response:
+        response = fake(request)  # the job as it is when the read reaches Slurm
+        if request.url.path.endswith("/job/7"):
+            await release.wait()
+        return response
+
+    view = probing_view(serve, clock)  # type: ignore[arg-type]
+    await view._sync(full=False)
+    fake.set(7, "RUNNING")
+    reading = asyncio.create_task(view.refresh_job(7))
+    await asyncio.sleep(0.01)
+    fake.set(7, "COMPLETED")
+    fake.requests.clear()
+    await view._sync(full=False)
+    assert fake.requests == ["state"]
+    release.set()
+    read = await reading
+    assert read is not None
+    assert read.job_state == ("RUNNING",)
+    fake.requests.clear()
+    await view._sync(full=False)  # Slurm's state differs from that read: read it
+    assert fake.requests == ["state", "job 7"]
+    job = view.job(7)
+    assert job is not None
+    assert job.job_state == ("COMPLETED",)
+    fake.requests.clear()
+    await view._sync(full=False)
+    assert fake.requests == ["state"]
+    await view.client.aclose()
+
+
 async def test_read_share_spaces_the_lists_and_the_probes_go_on_between() -> None:
     """A list read that "takes" 0.5 s keeps the next one 4.5 s away (read_share
     0.1), but the state probes go on at the view's interval meanwhile."""

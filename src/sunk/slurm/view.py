@@ -36,6 +36,7 @@ import contextlib
 import enum
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -314,6 +315,9 @@ class SlurmView:
         # (or, first, from the list's), so a job whose one-job read words its
         # state otherwise than the probe is read once, not at every poll.
         self._probed: dict[int, tuple[str, ...]] = {}
+        # Jobs `refresh_job` is reading (how many reads of each): a probe that
+        # finds one moved leaves it to that read, which puts it in the cache.
+        self._reading: Counter[int] = Counter()
         self._clock = clock
         self._nodes: _Table[str, Node] = _Table()
         # Node list reads are numbered as they begin; `_nodes_read` is the number
@@ -485,7 +489,13 @@ class SlurmView:
 
         A poll runs under the lock taken here, and reads after taking it: it
         sees every job this put in the cache."""
-        job = await self.client.job(job_id)
+        self._reading[job_id] += 1
+        try:
+            job = await self.client.job(job_id)
+        finally:
+            self._reading[job_id] -= 1
+            if not self._reading[job_id]:
+                del self._reading[job_id]
         async with self._sync_lock:
             if (change := _replace(self._jobs.items, job_id, job)) is not None:
                 self._emit([JobEvent(*change)])
@@ -626,6 +636,11 @@ class SlurmView:
             for i, state in states.items()
             if (j := cached.get(i)) is None or state != self._probed.get(i, j.job_state)
         ]
+        # A job being read by `refresh_job` (the scheduler's own, just allocated)
+        # is not read twice. Its probed state is not kept: the next probe compares
+        # with what that read put in the cache, and reads the job if it moved since.
+        left = {i for i in moved if i in self._reading}
+        moved = [i for i in moved if i not in left]
         if len(moved) > _PROBE_READS:
             return None
         read = await asyncio.gather(*(self.client.job(i) for i in moved))
@@ -635,7 +650,7 @@ class SlurmView:
         gone = [i for i in cached if i not in states]
         changes = [_replace(cached, i, job) for i, job in zip(moved, read, strict=True)]
         changes.extend(_replace(cached, i, None) for i in gone)
-        self._probed = states
+        self._probed = {i: state for i, state in states.items() if i not in left}
         return [JobEvent(*change) for change in changes if change is not None]
 
     async def _read(
