@@ -124,7 +124,7 @@ async def test_a_failing_apiserver_never_raises() -> None:
     assert events.stats.failed == 1
 
 
-async def test_while_busy_emit_soon_holds_events_for_at_most_max_hold() -> None:
+async def test_emit_soon_holds_events_till_the_controller_is_quiet_for_at_most_max_hold() -> None:
     kube, clock = FakeKube(), Clock()
     busy = True
     events = recorder(kube, clock, busy=lambda: busy, max_hold=5)
@@ -133,6 +133,9 @@ async def test_while_busy_emit_soon_holds_events_for_at_most_max_hold() -> None:
     await asyncio.sleep(0.2)
     assert kube.calls == []  # the controller has work waiting
     busy = False
+    await asyncio.sleep(0.2)
+    assert kube.calls == []  # not idle for `quiet` yet: a pause within a burst
+    clock.now += 0.3
     await asyncio.sleep(0.2)
     assert len(kube.calls) == 2
     busy = True

@@ -16,10 +16,11 @@ Like client-go's event correlator, for events.k8s.io/v1:
 Both caches are bounded (least recently used entries go first). Emitting never
 raises: an Event that cannot be written must not stop the action it describes.
 
-**Held while busy.** With `busy`, `emit_soon` holds its Events while `busy()`
-says the controller has work waiting, for at most `max_hold` seconds: during a
-burst the apiserver and this process spend their time on what the Events
-describe (a bind) rather than on the Events.
+**Held while busy.** With `busy`, `emit_soon` holds its Events until `busy()`
+has said for `quiet` seconds that the controller has no work waiting, for at
+most `max_hold` seconds: during a burst the apiserver and this process spend
+their time on what the Events describe (a bind) rather than on the Events, and
+a moment between two pods of a burst does not let them out.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ SPAM_BURST = 25
 SPAM_REFILL_EVERY = 5 * 60.0
 CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
 MAX_HOLD = 5.0
+QUIET = 0.25
 # Held Events are written this many at a time once the controller is idle.
 HELD_WRITES = 8
 
@@ -107,6 +109,7 @@ class EventRecorder:
         cache_size: int = CACHE_SIZE,
         busy: Callable[[], bool] | None = None,
         max_hold: float = MAX_HOLD,
+        quiet: float = QUIET,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
@@ -123,6 +126,7 @@ class EventRecorder:
         self._writing: set[asyncio.Task[None]] = set()  # emit_soon's, held till done
         self._busy = busy
         self._max_hold = max_hold
+        self._quiet = quiet
         self._held: deque[tuple[float, Callable[[], Awaitable[None]]]] = deque()
         self._releasing: asyncio.Task[None] | None = None
 
@@ -148,8 +152,15 @@ class EventRecorder:
             self._releasing = asyncio.create_task(self._release_held(self._busy))
 
     async def _release_held(self, busy: Callable[[], bool]) -> None:
+        idle_since: float | None = None
         while self._held:
-            if busy() and self._clock() - self._held[0][0] < self._max_hold:
+            now = self._clock()
+            if busy():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            quiet = idle_since is not None and now - idle_since >= self._quiet
+            if not quiet and now - self._held[0][0] < self._max_hold:
                 await asyncio.sleep(0.05)
                 continue
             batch = [self._held.popleft()[1] for _ in range(min(HELD_WRITES, len(self._held)))]
