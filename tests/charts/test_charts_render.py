@@ -23,6 +23,7 @@ from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
+from sunk.api import TAINT_NODE_LOCK
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
 from sunk.scheduler.tenancy import parse_tenancy
@@ -563,6 +564,63 @@ async def test_gpu_pods_must_be_placed_by_sunks_scheduler(
         plain = _gpu_pod("e", "default-scheduler", "some-node")
         plain["spec"]["containers"][0]["resources"] = {}
         assert await refusal(plain) == ""
+    finally:
+        for obj in reversed(made):
+            await kube.delete(type(obj), obj.metadata.name)
+
+
+def _sunk_pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    spec = {"containers": [{"name": "c", "image": "registry.invalid/pause:1"}], **spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def test_pods_for_sunks_scheduler_get_the_lock_toleration_when_created(
+    helm: Helm, kube: AsyncClient, namespace: str
+) -> None:
+    """`scheduler.lockTolerationPolicy`, installed on the real apiserver (its
+    binding narrowed to this test's namespace): a pod naming sunk's scheduler
+    gets the node lock's toleration as it is created, so the scheduler has no
+    PATCH to send before its bind; a pod that tolerates it already, names its
+    own node or another scheduler is left as it is. Without the API (an older
+    cluster) nothing is rendered and the scheduler's PATCH stays."""
+    release = f"r{secrets.token_hex(3)}"
+    chart = str(CHARTS / "sunk-cluster")
+    older = helm.run(["template", release, chart, "-n", namespace])
+    assert "MutatingAdmissionPolicy" not in older
+    api = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+    out = helm.run(["template", release, chart, "-n", namespace, "--api-versions", api])
+    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"].startswith("MutatingAdmission")]
+    assert [d["kind"] for d in docs] == [
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    ]
+    docs[1]["spec"]["matchResources"] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    }
+    made = [await kube.create(codecs.from_dict(doc)) for doc in docs]  # type: ignore[call-overload]
+    lock = {"key": TAINT_NODE_LOCK, "operator": "Exists"}
+
+    async def tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+        pod = _sunk_pod(f"p{secrets.token_hex(3)}", spec)
+        created = await kube.create(codecs.from_dict(pod), namespace=namespace, dry_run=True)  # type: ignore[call-overload]
+        return [t.to_dict() for t in created.spec.tolerations or []]
+
+    try:
+        # The apiserver takes the policy in a moment after it is created.
+        deadline = time.monotonic() + 30
+        while lock not in await tolerations({"schedulerName": "sunk-scheduler"}):
+            assert time.monotonic() < deadline, "the policy never took effect"
+            await asyncio.sleep(0.5)
+        own = {"key": "example.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        placed = await tolerations({"schedulerName": "sunk-scheduler", "tolerations": [own]})
+        assert own in placed
+        assert lock in placed
+        everything = {"operator": "Exists"}
+        assert await tolerations(
+            {"schedulerName": "sunk-scheduler", "tolerations": [everything]}
+        ) == [everything]
+        assert lock not in await tolerations({"schedulerName": "sunk-scheduler", "nodeName": "n1"})
+        assert lock not in await tolerations({})
     finally:
         for obj in reversed(made):
             await kube.delete(type(obj), obj.metadata.name)

@@ -30,6 +30,7 @@ from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from plugins.local_cluster import kubectl, poll_ssh, ssh, summary, sunk
 from plugins.slurm_pods import wait_for
+from sunk.api import TAINT_NODE_LOCK
 from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk_testbed.bed import USER_UID, Bed
 from sunk_testbed.control_plane import async_client
@@ -150,6 +151,15 @@ async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: P
         job = current.metadata.annotations[JOB_ID_ANNOTATION]
         assert current.spec is not None
         assert (current.spec.nodeName or "").startswith("local-")
+        # The node lock's toleration came with the pod's creation (the chart's
+        # MutatingAdmissionPolicy), so the scheduler had no PATCH to send.
+        assert any(t.key == TAINT_NODE_LOCK for t in current.spec.tolerations or [])
+        patched = [
+            m.operation
+            for m in current.metadata.managedFields or []
+            if m.manager == "sunk-scheduler" and "f:tolerations" in json.dumps(m.fieldsV1)
+        ]
+        assert patched == []
         # The tenant's job, asked with the tenant's token by a scheduler whose own
         # Slurm user (nobody) may act for no one: an allocation, run as the tenant.
         state = await asyncio.to_thread(ssh, cluster, f"squeue -h -j {job} -o '%T %U'")
