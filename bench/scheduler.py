@@ -1,7 +1,7 @@
 """Benchmark: create→bound latency and throughput, sunk's scheduler against kube-scheduler.
 
     sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000] [--slurm-conf LINE]
-        [--slurm 26.05|24.11]
+        [--slurm 26.05|24.11] [--pods tolerant|plain|policy]
 
 One run, one bed (fresh state directory). Kubernetes nodes: KWOK (simulated);
 slurmd: real processes started by the bench, one per pod (see kwok_bed.py).
@@ -14,8 +14,11 @@ scheduler reads), in a partition with `OverSubscribe=FORCE` so that 1,000
 one-CPU placeholder jobs fit on a few 2-CPU nodes. KWOK marks bound pods
 Running (no container runs: this measures placement, not pod start-up).
 
-For each burst size, and for each scheduler in turn, the burst's pods (1 CPU,
-tolerating every taint) are created by 16 concurrent clients; a watch
+For each burst size, and for each scheduler in turn, the burst's pods (1 CPU;
+with `--pods tolerant`, the default, tolerating every taint, so sunk has no
+toleration to add; `plain`: no toleration, so sunk PATCHes each pod with the
+node lock's; `policy`: none either, with the chart's MutatingAdmissionPolicy
+installed, which adds it at creation) are created by 16 concurrent clients; a watch
 records when each pod's `spec.nodeName` appears. Printed per burst:
 create→bound p50 / p99 (from just before the create call) and pods/s (pods
 over first create to last bound), and sunk / kube-scheduler throughput.
@@ -40,7 +43,7 @@ from typing import Any, cast
 
 import httpx2
 import yaml
-from lightkube import AsyncClient
+from lightkube import AsyncClient, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod
 
@@ -57,9 +60,11 @@ from kwok_bed import (
     slurmd_pod,
     wait_until,
 )
+from sunk.api import TAINT_NODE_LOCK
 from sunk.scheduler.request import SCHEDULER_NAME
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
+from sunk_testbed.helm import CHARTS, Helm, ensure_helm
 from sunk_testbed.images import DEFAULT_SLURM
 from sunk_testbed.procs import free_port
 from sunk_testbed.slurm_cluster import ROOTFS_SUITES, SlurmCluster
@@ -78,10 +83,10 @@ def slurm_nodes_idle(cluster: SlurmCluster, count: int) -> bool:
     return sum(1 for line in out.splitlines() if line.split()[1:] == ["idle"]) == count
 
 
-def bench_pod(name: str, scheduler: str | None) -> Pod:
+def bench_pod(name: str, scheduler: str | None, tolerant: bool) -> Pod:
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 0,
-        "tolerations": [{"operator": "Exists"}],
+        "tolerations": [{"operator": "Exists"}] if tolerant else [],
         "containers": [
             {
                 "name": "main",
@@ -107,7 +112,7 @@ def bench_pod(name: str, scheduler: str | None) -> Pod:
 
 
 async def burst(
-    kube: AsyncClient, prefix: str, count: int, scheduler: str | None
+    kube: AsyncClient, prefix: str, count: int, scheduler: str | None, tolerant: bool
 ) -> dict[str, float]:
     created: dict[str, float] = {}
     bound: dict[str, float] = {}
@@ -130,7 +135,7 @@ async def burst(
         while queue:
             name = queue.pop()
             created[name] = time.monotonic()
-            await kube.create(bench_pod(name, scheduler))
+            await kube.create(bench_pod(name, scheduler, tolerant))
             logging.getLogger("bench").info("created %s", name)
 
     await asyncio.gather(*(creator() for _ in range(CREATORS)))
@@ -206,8 +211,43 @@ async def wait_no_jobs(cluster: SlurmCluster) -> None:
         await asyncio.sleep(1)
 
 
+async def lock_toleration_policy(kube: AsyncClient, state: Path) -> None:
+    """The chart's MutatingAdmissionPolicy that gives sunk's pods the node
+    lock's toleration when they are created, rendered by helm as installed."""
+    helm = Helm(ensure_helm(print), None, state / "helm")
+    api = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+    template = "templates/scheduler-admission.yaml"
+    out = helm.run(["template", "bench", str(CHARTS / "sunk-cluster"), "--api-versions", api,
+                    "--show-only", template])  # fmt: skip
+    for doc in yaml.safe_load_all(out):
+        if doc:
+            await kube.create(codecs.from_dict(doc))
+    # In effect once a pod (a dry run) comes back with the toleration. The
+    # apiserver's first use of a policy is slow (its CEL compiled for the
+    # pod's schema): that is not a burst's cost, so it is paid and shown here.
+    started = time.monotonic()
+    probe = bench_pod("policy-probe", SCHEDULER_NAME, tolerant=False)
+    while True:
+        call = time.monotonic()
+        created = await kube.create(probe, dry_run=True)
+        took = time.monotonic() - call
+        if created.spec and any(t.key == TAINT_NODE_LOCK for t in created.spec.tolerations or []):
+            break
+        await asyncio.sleep(0.2)
+    print(
+        f"lock toleration policy in effect after {time.monotonic() - started:.1f} s"
+        f" (that pod's create: {took:.2f} s)",
+        flush=True,
+    )
+
+
 async def bench(
-    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float, release: str
+    nodes: int,
+    bursts: list[int],
+    slurm_conf: list[str],
+    interval: float,
+    release: str,
+    pods: str,
 ) -> None:
     results: dict[tuple[str, int], dict[str, float]] = {}
     conf = [
@@ -242,13 +282,17 @@ async def bench(
         for count in bursts:
             machine = cpu_by_command()
             asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
-            results[("kube-scheduler", count)] = await burst(kube, f"k{count}", count, None)
+            results[("kube-scheduler", count)] = await burst(
+                kube, f"k{count}", count, None, pods == "tolerant"
+            )
             print(f"kube-scheduler, {count}: {results[('kube-scheduler', count)]}", flush=True)
             print(f"  CPU s by command: {cpu_spent(machine, cpu_by_command())}", flush=True)
             now_asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
             print(f"  apiserver requests: {requests_made(asked, now_asked)}", flush=True)
             await clear(kube)
 
+        if pods == "policy":
+            await lock_toleration_policy(kube, bed.state)
         # Its tenancy: the bench's pods run in Slurm as nobody (a uid of at least
         # 1000 that the root filesystem knows).
         grant = {"namespaces": [NAMESPACE], "uids": "65534", "user": 65534}
@@ -299,7 +343,9 @@ async def bench(
                     asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
                     slurm_asked = await slurm_requests(metrics_port)
                     profiler = profile(process.pid, f"sunk-{count}")
-                    results[("sunk", count)] = await burst(kube, f"s{count}", count, SCHEDULER_NAME)
+                    results[("sunk", count)] = await burst(
+                        kube, f"s{count}", count, SCHEDULER_NAME, pods == "tolerant"
+                    )
                     if profiler is not None:
                         profiler.send_signal(signal.SIGINT)  # py-spy writes what it sampled
                         profiler.wait(30)
@@ -337,7 +383,7 @@ async def bench(
             if trace := os.environ.get("BENCH_TRACE"):
                 shutil.copy(log_path, trace)
 
-        print(f"\nBursts of single-node pods, {nodes} nodes, 2 cores shared:")
+        print(f"\nBursts of single-node pods ({pods}), {nodes} nodes, 2 cores shared:")
         print(f"  ({STAND_INS}; load average now {load_average()})")
         print(f"{'burst':>6} {'scheduler':<15} {'p50 s':>7} {'p99 s':>7} {'pods/s':>8}")
         for count in bursts:
@@ -349,10 +395,10 @@ async def bench(
 
 
 async def run_cancellable(
-    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float, release: str
+    nodes: int, bursts: list[int], slurm_conf: list[str], interval: float, release: str, pods: str
 ) -> None:
     """SIGTERM/SIGINT cancel the run, so the bed is still torn down."""
-    task = asyncio.create_task(bench(nodes, bursts, slurm_conf, interval, release))
+    task = asyncio.create_task(bench(nodes, bursts, slurm_conf, interval, release, pods))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
@@ -373,10 +419,13 @@ def main() -> None:
     )
     parser.add_argument("--view-interval", type=float, default=0.25, help="Slurm view poll (s)")
     parser.add_argument("--slurm", default=DEFAULT_SLURM, choices=sorted(ROOTFS_SUITES))
+    parser.add_argument("--pods", default="tolerant", choices=["tolerant", "plain", "policy"])
     args = parser.parse_args()
     bursts = [int(b) for b in args.bursts.split(",")]
     asyncio.run(
-        run_cancellable(args.nodes, bursts, args.slurm_conf, args.view_interval, args.slurm)
+        run_cancellable(
+            args.nodes, bursts, args.slurm_conf, args.view_interval, args.slurm, args.pods
+        )
     )
 
 
