@@ -223,8 +223,13 @@ async def test_slurm_writes_are_guarded_by_a_read_right_before(
     await syncer._apply_slurm(node, "slurmd-0", Decision(slurm=[action]))
     await syncer.slurm_writes_done()  # written in the background
     assert slurm.writes == writes
-    for _ in range(5):  # the Events are written off the worker
-        await asyncio.sleep(0)
+    # The Events are written off the worker, once the syncer has had nothing
+    # to do for a moment (0.25 s): wait for them, or that long for none.
+    async with asyncio.timeout(2):
+        while len(kube.reasons) < len(told):
+            await asyncio.sleep(0.01)
+    if not told:
+        await asyncio.sleep(0.3)
     assert kube.reasons == told
     assert slurm.polls == 1  # the view is asked to show the outcome either way
     for kind in ("drain", "resume", "comment"):
