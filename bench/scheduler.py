@@ -167,19 +167,23 @@ async def clear(kube: AsyncClient) -> None:
         await asyncio.sleep(0.5)
 
 
-async def jobs_by_kind(port: int) -> str:
-    """The scheduler's own count of allocations and queued placeholders (its /metrics)."""
+async def scheduler_metrics(port: int, name: str) -> list[str]:
+    """The lines of the scheduler's /metrics that start with `name`."""
     async with httpx2.AsyncClient() as http:
         text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-    counts = [line for line in text.splitlines() if line.startswith("sunk_scheduler_jobs_total")]
-    return ", ".join(counts) or "no jobs counted"
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+async def jobs_by_kind(port: int) -> str:
+    """The scheduler's own count of allocations and queued placeholders."""
+    return (
+        ", ".join(await scheduler_metrics(port, "sunk_scheduler_jobs_total")) or "no jobs counted"
+    )
 
 
 async def slurm_requests(port: int) -> float:
-    """How many requests the scheduler has sent slurmrestd (its /metrics)."""
-    async with httpx2.AsyncClient() as http:
-        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-    line = next(li for li in text.splitlines() if li.startswith("sunk_scheduler_slurm_requests "))
+    """How many requests the scheduler has sent slurmrestd."""
+    line = (await scheduler_metrics(port, "sunk_scheduler_slurm_requests "))[0]
     return float(line.split()[1])
 
 

@@ -518,6 +518,18 @@ def _gpu_pod(name: str, scheduler: str, node: str | None, *, init: bool = False)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
+async def install_policy(kube: AsyncClient, rendered: str, kind: str, namespace: str) -> list[Any]:
+    """The chart's `kind` (an admission policy) and its binding, from `rendered`,
+    created on the apiserver with the binding narrowed to `namespace`, so no
+    other test's pods meet it."""
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"].startswith(kind)]
+    assert [d["kind"] for d in docs] == [kind, f"{kind}Binding"]
+    docs[1]["spec"]["matchResources"] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    }
+    return [await kube.create(codecs.from_dict(doc)) for doc in docs]  # type: ignore[call-overload]
+
+
 async def test_gpu_pods_must_be_placed_by_sunks_scheduler(
     helm: Helm, kube: AsyncClient, namespace: str
 ) -> None:
@@ -531,15 +543,7 @@ async def test_gpu_pods_must_be_placed_by_sunks_scheduler(
         ["template", release, str(CHARTS / "sunk-cluster"), "-n", namespace,
          "--set=gpuPlugin.enabled=true"]
     )  # fmt: skip
-    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"].startswith("ValidatingAdmission")]
-    assert [d["kind"] for d in docs] == [
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-    ]
-    docs[1]["spec"]["matchResources"] = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    }
-    made = [await kube.create(codecs.from_dict(doc)) for doc in docs]  # type: ignore[call-overload]
+    made = await install_policy(kube, out, "ValidatingAdmissionPolicy", namespace)
 
     async def refusal(pod: dict[str, Any]) -> str:
         try:
@@ -589,15 +593,7 @@ async def test_pods_for_sunks_scheduler_get_the_lock_toleration_when_created(
     assert "MutatingAdmissionPolicy" not in older
     api = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
     out = helm.run(["template", release, chart, "-n", namespace, "--api-versions", api])
-    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"].startswith("MutatingAdmission")]
-    assert [d["kind"] for d in docs] == [
-        "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding",
-    ]
-    docs[1]["spec"]["matchResources"] = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    }
-    made = [await kube.create(codecs.from_dict(doc)) for doc in docs]  # type: ignore[call-overload]
+    made = await install_policy(kube, out, "MutatingAdmissionPolicy", namespace)
     lock = {"key": TAINT_NODE_LOCK, "operator": "Exists"}
 
     async def tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
