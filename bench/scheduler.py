@@ -181,9 +181,9 @@ async def jobs_by_kind(port: int) -> str:
     )
 
 
-async def slurm_requests(port: int) -> float:
-    """How many requests the scheduler has sent slurmrestd."""
-    line = (await scheduler_metrics(port, "sunk_scheduler_slurm_requests "))[0]
+async def metric_value(port: int, name: str) -> float:
+    """One unlabelled series of the scheduler's /metrics."""
+    line = (await scheduler_metrics(port, f"{name} "))[0]
     return float(line.split()[1])
 
 
@@ -345,7 +345,7 @@ async def bench(
                     before = before_stats["cpu_s"]
                     machine = cpu_by_command()
                     asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
-                    slurm_asked = await slurm_requests(metrics_port)
+                    slurm_asked = await metric_value(metrics_port, "sunk_scheduler_slurm_requests")
                     profiler = profile(process.pid, f"sunk-{count}")
                     results[("sunk", count)] = await burst(
                         kube, f"s{count}", count, SCHEDULER_NAME, pods == "tolerant"
@@ -358,7 +358,10 @@ async def bench(
                     print(f"  CPU s by command: {cpu_spent(machine, cpu_by_command())}", flush=True)
                     now_asked = await asyncio.to_thread(apiserver_requests, access.admin_kubeconfig)
                     print(f"  apiserver requests: {requests_made(asked, now_asked)}", flush=True)
-                    sent = await slurm_requests(metrics_port) - slurm_asked
+                    sent = (
+                        await metric_value(metrics_port, "sunk_scheduler_slurm_requests")
+                        - slurm_asked
+                    )
                     print(f"  sunk's requests to slurmrestd: {sent:.0f}", flush=True)
                     jobs = await jobs_by_kind(metrics_port)
                     print(
@@ -379,8 +382,15 @@ async def bench(
                             f" max {waits[-1]} s over {len(waits)} jobs",
                             flush=True,
                         )
+                    # The burst's pods deleted at once: one cancel per job, not
+                    # a second while the view catches up.
+                    cancels = await metric_value(metrics_port, "sunk_scheduler_cancels_total")
                     await clear(kube)
                     await wait_no_jobs(cluster)
+                    cancels = (
+                        await metric_value(metrics_port, "sunk_scheduler_cancels_total") - cancels
+                    )
+                    print(f"  deleting the {count} pods: {cancels:.0f} cancels", flush=True)
         finally:
             process.terminate()
             process.wait(30)

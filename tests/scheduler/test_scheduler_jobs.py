@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
-from sunk.scheduler.jobs import JobIndex, RecentIds
+from sunk.scheduler.jobs import CancelsSent, JobIndex, RecentIds
 from sunk.scheduler.request import ANNOTATION_JOB_ID, GANG_NAME, GANG_SIZE
 from sunk.scheduler.seal import JobSeal
 from sunk.slurm.models import Job
@@ -157,3 +157,21 @@ def test_a_key_with_pods_is_not_retired() -> None:
     index.submitted("ns/uid-a", 1, wait=0)
     assert not index.retire("ns/uid-a")
     assert index.candidates("ns/uid-a", [], {}) == [(1, None)]
+
+
+def test_a_job_cancelled_is_not_cancelled_again_until_the_resend_wait() -> None:
+    """The view shows a cancel a poll or two later: meanwhile the job is not
+    cancelled again, and a cancel that was lost goes again after the wait."""
+    cancels = CancelsSent(resend_after=10.0, size=2)
+    assert cancels.wait(7, now=100.0) is None
+    cancels.sent(7, now=100.0)
+    assert cancels.wait(7, now=103.0) == 7.0
+    assert cancels.wait(7, now=110.0) is None  # lost: sent again
+    cancels.sent(7, now=110.0)
+    cancels.ended(7)  # the view shows it ended
+    assert cancels.wait(7, now=111.0) is None
+    for job_id in (1, 2, 3):
+        cancels.sent(job_id, now=120.0)
+    assert len(cancels) == 2
+    assert cancels.wait(1, now=121.0) is None  # the oldest is let go first
+    assert cancels.wait(3, now=121.0) == 9.0

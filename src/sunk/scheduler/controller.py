@@ -71,7 +71,7 @@ from sunk.scheduler.decide import (
     deleting,
     pod_annotations,
 )
-from sunk.scheduler.jobs import IDS_KEPT, JobIndex, RecentIds
+from sunk.scheduler.jobs import IDS_KEPT, CancelsSent, JobIndex, RecentIds
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.pod_writes import (
     job_id_patch,
@@ -114,6 +114,9 @@ TOKEN_RETRY = 5.0
 # A job this process submitted is waited for this long to appear in the view
 # before it is read directly.
 UNSEEN_WAIT = 5.0
+# A job this process cancelled that the view still shows running is cancelled
+# again only this late (the view shows the cancel within seconds).
+CANCEL_RESEND = 10.0
 
 
 # What `_job_of` returns for a job just submitted that the view has not polled yet.
@@ -201,6 +204,7 @@ class Scheduler:
         # the bind (as kube-scheduler "assumes" a pod): a job event right after
         # the bind must not bind the pod again (a second Binding only gets a 409).
         self._assumed: dict[str, str] = {}
+        self._cancelled = CancelsSent(CANCEL_RESEND)
 
     # -- indexes and wake-ups -------------------------------------------------------
 
@@ -365,7 +369,9 @@ class Scheduler:
         for action in decision.actions:
             match action:
                 case Cancel(why=why):
-                    await self._cancel(key, job_id, job, why)
+                    if (wait := await self._cancel(key, job_id, job, why)) is not None:
+                        earlier = result.requeue_after if result else None
+                        result = Result(requeue_after=min(wait, earlier or wait))
                 case Evict(pods=evicted, why=why):
                     await self._evict(evicted, job_id, job, why)
                 case Bind(pods=unbound):
@@ -537,12 +543,20 @@ class Scheduler:
             pod, "Scheduled", f"Slurm job {job_id} allocated {node}; bound", action="Binding"
         )
 
-    async def _cancel(self, key: str, job_id: int | None, job: Job | None, why: str) -> None:
+    async def _cancel(
+        self, key: str, job_id: int | None, job: Job | None, why: str
+    ) -> float | None:
+        """End the key's job; the seconds to look again if a cancel already sent
+        is not in the view yet."""
         if job_id is None or not active(job):
+            if job_id is not None:
+                self._cancelled.ended(job_id)
             if self.index.retire(key):
                 self._reported.pop(key, None)
                 self._locks.pop(key, None)
-            return
+            return None
+        if (wait := self._cancelled.wait(job_id, time.monotonic())) is not None:
+            return wait
         log.info("cancel job %d (%s): %s", job_id, key, why)
         self.metrics.cancels.inc()
         assert job is not None  # an active job was read
@@ -550,12 +564,15 @@ class Scheduler:
             # Never a cancel in another user's name: Slurm refuses it, and
             # slurmctld then stops answering job reads (docs/slurm-port.md).
             log.warning("cannot end job %d: it is not a tenant's (uid %s)", job_id, job.user_id)
-            return
+            return None
         try:
             await self._slurm.end(job.user_id, job_id, job)
         except NoTenantToken as exc:
             # Its uid is no longer granted: the scheduler may not act as it.
             log.warning("cannot end job %d: %s", job_id, exc)
+            return None
+        self._cancelled.sent(job_id, time.monotonic())
+        return None
 
     async def _evict(
         self, pods: Sequence[Pod], job_id: int | None, job: Job | None, why: str

@@ -11,7 +11,9 @@ not grow with every job it has seen:
 - jobs this process submitted, until their key has nothing left;
 - keys whose submit may have been taken, until the wait is over;
 - job ids dropped by the scheduler or forgotten by Slurm: the newest
-  `ids_kept` of each (`RecentIds`).
+  `ids_kept` of each (`RecentIds`);
+- jobs this process asked Slurm to end, until the view shows them ended
+  (`CancelsSent`, the newest `ids_kept`).
 
 No I/O: the loop (`controller.py`) feeds it events and asks it questions.
 """
@@ -54,6 +56,39 @@ class RecentIds(Generic[Id]):
 
     def __len__(self) -> int:
         return len(self._ids)
+
+
+class CancelsSent:
+    """Jobs this process asked Slurm to end, and when.
+
+    The view shows a cancel a poll or two later (seconds while a thousand pods
+    are deleted at once), and a pod event or a job event meanwhile must not
+    cancel the job again: one DELETE per job. A cancel that was lost (the job
+    still runs `resend_after` seconds later) is sent again."""
+
+    def __init__(self, resend_after: float, size: int = IDS_KEPT) -> None:
+        self._resend_after = resend_after
+        self._size = size
+        self._sent: dict[int, float] = {}  # job id → monotonic time; oldest first
+
+    def sent(self, job_id: int, now: float) -> None:
+        self._sent.pop(job_id, None)
+        self._sent[job_id] = now
+        if len(self._sent) > self._size:
+            del self._sent[next(iter(self._sent))]
+
+    def wait(self, job_id: int, now: float) -> float | None:
+        """Seconds before this job may be cancelled again; None: now."""
+        sent = self._sent.get(job_id)
+        if sent is None or (left := sent + self._resend_after - now) <= 0:
+            return None
+        return left
+
+    def ended(self, job_id: int) -> None:
+        self._sent.pop(job_id, None)
+
+    def __len__(self) -> int:
+        return len(self._sent)
 
 
 def pod_key(pod: Pod) -> str:
