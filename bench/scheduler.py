@@ -1,7 +1,7 @@
 """Benchmark: create→bound latency and throughput, sunk's scheduler against kube-scheduler.
 
     sudo .venv/bin/python bench/scheduler.py [--nodes 10] [--bursts 100,1000] [--slurm-conf LINE]
-        [--slurm 26.05|24.11] [--pods tolerant|plain|policy]
+        [--slurm 26.05|24.11] [--pods policy|plain|tolerant]
 
 One run, one bed (fresh state directory). Kubernetes nodes: KWOK (simulated);
 slurmd: real processes started by the bench, one per pod (see kwok_bed.py).
@@ -15,10 +15,12 @@ one-CPU placeholder jobs fit on a few 2-CPU nodes. KWOK marks bound pods
 Running (no container runs: this measures placement, not pod start-up).
 
 For each burst size, and for each scheduler in turn, the burst's pods (1 CPU;
-with `--pods tolerant`, the default, tolerating every taint, so sunk has no
-toleration to add; `plain`: no toleration, so sunk PATCHes each pod with the
-node lock's; `policy`: none either, with the chart's MutatingAdmissionPolicy
-installed, which adds it at creation) are created by 16 concurrent clients; a watch
+with `--pods policy`, the default, no toleration, as most pods are, and the
+chart's MutatingAdmissionPolicy installed, which adds the node lock's at
+creation, as the chart does on Kubernetes 1.36+; `plain`: no toleration and
+no policy, so sunk PATCHes each pod with it, as on older clusters; `tolerant`:
+pods that tolerate every taint, so sunk has no toleration to add, the
+bench's pods before session 21) are created by 16 concurrent clients; a watch
 records when each pod's `spec.nodeName` appears. Printed per burst:
 create→bound p50 / p99 (from just before the create call) and pods/s (pods
 over first create to last bound), and sunk / kube-scheduler throughput.
@@ -433,7 +435,7 @@ def main() -> None:
     )
     parser.add_argument("--view-interval", type=float, default=0.25, help="Slurm view poll (s)")
     parser.add_argument("--slurm", default=DEFAULT_SLURM, choices=sorted(ROOTFS_SUITES))
-    parser.add_argument("--pods", default="tolerant", choices=["tolerant", "plain", "policy"])
+    parser.add_argument("--pods", default="policy", choices=["policy", "plain", "tolerant"])
     args = parser.parse_args()
     bursts = [int(b) for b in args.bursts.split(",")]
     asyncio.run(
