@@ -387,12 +387,18 @@ async def bench(
                     # The burst's pods deleted at once: one cancel per job, not
                     # a second while the view catches up.
                     cancels = await metric_value(metrics_port, "sunk_scheduler_cancels_total")
+                    deleted = time.monotonic()
                     await clear(kube)
                     await wait_no_jobs(cluster)
                     cancels = (
                         await metric_value(metrics_port, "sunk_scheduler_cancels_total") - cancels
                     )
-                    print(f"  deleting the {count} pods: {cancels:.0f} cancels", flush=True)
+                    ended = time.monotonic() - deleted
+                    print(
+                        f"  deleting the {count} pods: every job ended {ended:.1f} s after"
+                        f" (squeue every 1 s), {cancels:.0f} cancels",
+                        flush=True,
+                    )
         finally:
             process.terminate()
             process.wait(30)
