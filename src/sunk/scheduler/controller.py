@@ -371,7 +371,8 @@ class Scheduler:
                 case Cancel(why=why):
                     if (wait := await self._cancel(key, job_id, job, why)) is not None:
                         earlier = result.requeue_after if result else None
-                        result = Result(requeue_after=min(wait, earlier or wait))
+                        soonest = wait if earlier is None else min(wait, earlier)
+                        result = Result(requeue_after=soonest)
                 case Evict(pods=evicted, why=why):
                     await self._evict(evicted, job_id, job, why)
                 case Bind(pods=unbound):
