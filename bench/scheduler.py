@@ -386,12 +386,12 @@ async def bench(
                         )
                     # The burst's pods deleted at once: one cancel per job, not
                     # a second while the view catches up.
-                    cancels = await metric_value(metrics_port, "sunk_scheduler_cancels_total")
+                    cancelled = await metric_value(metrics_port, "sunk_scheduler_cancels_total")
                     deleted = time.monotonic()
                     await clear(kube)
                     await wait_no_jobs(cluster)
                     cancels = (
-                        await metric_value(metrics_port, "sunk_scheduler_cancels_total") - cancels
+                        await metric_value(metrics_port, "sunk_scheduler_cancels_total") - cancelled
                     )
                     ended = time.monotonic() - deleted
                     print(
