@@ -18,26 +18,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import closing
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kwok_bed import cpu_by_command
+from private_slurm import private_slurm
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import JobSpec
 from sunk.slurm.view import JobEvent, SlurmView
 from sunk_testbed.images import DEFAULT_SLURM
-from sunk_testbed.procs import Supervisor
 from sunk_testbed.slurm_cluster import (
     ROOTFS_SUITES,
     SlurmAccess,
-    SlurmCluster,
     ensure_release_rootfs,
 )
 
@@ -167,25 +164,15 @@ def main() -> None:
     parser.add_argument("--slurm", default=DEFAULT_SLURM, choices=sorted(ROOTFS_SUITES))
     args = parser.parse_args()
     queue_lengths = [int(n) for n in args.queue.split(",")]
-    state = Path(tempfile.mkdtemp(prefix="sunk-bench-jobview-", dir="/tmp"))
     conf = [
         f"PartitionName={PARTITION} Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=FORCE:256",
         f"MaxJobCount={max(queue_lengths) * 2 + 1000}",
     ]
-    cluster = SlurmCluster(
-        state,
-        Supervisor(state),
-        ensure_release_rootfs(args.slurm),
-        nodes=2,
-        extra_conf=conf,
-    )
-    try:
-        access = cluster.start()
+    rootfs = ensure_release_rootfs(args.slurm)
+    bed = private_slurm(rootfs, prefix="sunk-bench-jobview-", nodes=2, extra_conf=conf)
+    with bed as (_, access):
         print(f"Slurm {args.slurm}: held jobs fill the queue; {args.samples} samples per view")
         asyncio.run(bench(access, queue_lengths, args.samples))
-    finally:
-        cluster.stop()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

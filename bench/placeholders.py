@@ -26,22 +26,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from private_slurm import private_slurm
 from sunk.scheduler.request import PLACEHOLDER_SCRIPT
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient, _SubmitReply
 from sunk.slurm.models import JobSpec
 from sunk_testbed.images import DEFAULT_SLURM
-from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm_cluster import ROOTFS_SUITES, SlurmCluster, ensure_release_rootfs
+from sunk_testbed.slurm_cluster import ROOTFS_SUITES, ensure_release_rootfs
 
 POLL = 0.01
 NODE = "tb1"
@@ -101,8 +98,11 @@ async def run_kind(
     figures = Figures()
     for _ in range(samples):
         await wait_for(lambda: node_idle(slurm))
-        await asyncio.sleep(0.5)  # the last job's processes are gone
-        before = job_processes()
+
+        async def no_job_processes() -> bool:  # the last job's slurmstepd has exited
+            return job_processes() == 0
+
+        await wait_for(no_job_processes)
         started = time.monotonic()
         job_id = await submit()
 
@@ -112,7 +112,7 @@ async def run_kind(
         await wait_for(running)
         figures.start.append(time.monotonic() - started)
         await asyncio.sleep(0.5)  # whatever the job starts on the node has started
-        figures.processes.append(job_processes() - before)
+        figures.processes.append(job_processes())
         ended = time.monotonic()
         figures.end_requests = await end(job_id)
 
@@ -131,11 +131,8 @@ def spread(values: list[float]) -> str:
 
 
 async def measure(samples: int, release: str) -> None:
-    state_dir = Path(tempfile.mkdtemp(prefix="sunk-placeholders-", dir="/tmp"))
-    supervisor = Supervisor(state_dir)
-    cluster = SlurmCluster(state_dir, supervisor, ensure_release_rootfs(release), nodes=1)
-    try:
-        access = await asyncio.to_thread(cluster.start)
+    rootfs = ensure_release_rootfs(release)
+    with private_slurm(rootfs, prefix="sunk-placeholders-", nodes=1) as (_, access):
         async with SlurmClient(
             access.restd_url, JwtMinter(FileKey(access.jwt_key), "root")
         ) as slurm:
@@ -191,10 +188,6 @@ async def measure(samples: int, release: str) -> None:
                 )
             if info.api_version < "v0.0.43":
                 print("external job: not offered before v0.0.43")
-    finally:
-        await asyncio.to_thread(cluster.stop)
-        supervisor.stop_all()
-        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def main() -> None:

@@ -22,15 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
+from private_slurm import private_slurm
 from sunk.slurm import FileKey, JwtMinter, NodeEvent, SlurmClient, SlurmView
 from sunk.slurm.hostlist import compress
-from sunk_testbed.procs import Supervisor
 from sunk_testbed.slurm_cluster import SlurmCluster, ensure_rootfs
 
 
@@ -149,12 +146,9 @@ def main() -> None:
     parser.add_argument("--sim-state", default="CLOUD", choices=["CLOUD", "UNKNOWN"])
     args = parser.parse_args()
 
-    rootfs = ensure_rootfs(args.suite)
-    state = Path(tempfile.mkdtemp(prefix="sunk-bench-", dir="/tmp"))
-    cluster = SlurmCluster(
-        state,
-        Supervisor(state),
-        rootfs,
+    bed = private_slurm(
+        ensure_rootfs(args.suite),
+        prefix="sunk-bench-",
         nodes=1,
         extra_conf=[
             # Slurm's default, over the bed's 30 s: UNKNOWN nodes are not timed out mid-run.
@@ -163,14 +157,10 @@ def main() -> None:
         ],
         max_node_count=args.nodes + 100,
     )
-    try:
-        started = time.perf_counter()
-        cluster.start()
+    started = time.perf_counter()
+    with bed as (cluster, _):
         print(f"bed with {args.nodes + 1} nodes started in {time.perf_counter() - started:.1f} s")
         asyncio.run(measure(cluster, args))
-    finally:
-        cluster.stop()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,19 +19,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from kwok_bed import proc_stats
+from private_slurm import private_slurm
 from sunk.slurm.auth import FileKey, JwtMinter
 from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import JobSpec
-from sunk_testbed.procs import Supervisor
-from sunk_testbed.slurm_cluster import SlurmCluster, ensure_rootfs
+from sunk_testbed.slurm_cluster import ensure_rootfs
 
 PARTITION = "bench"
 
@@ -60,21 +57,13 @@ async def phase(
 
 
 async def measure(nodes: int, jobs: int, reads: int) -> None:
-    state = Path(tempfile.mkdtemp(prefix="sunk-breq-", dir="/tmp"))
-    supervisor = Supervisor(state)
-    cluster = SlurmCluster(
-        state,
-        supervisor,
-        ensure_rootfs(),
-        nodes=nodes,
-        extra_conf=[
-            f"PartitionName={PARTITION} Nodes=tb[1-{nodes}] MaxTime=INFINITE State=UP"
-            " OverSubscribe=FORCE:256",
-            "MaxJobCount=100000",
-        ],
-    )
-    try:
-        access = await asyncio.to_thread(cluster.start)
+    conf = [
+        f"PartitionName={PARTITION} Nodes=tb[1-{nodes}] MaxTime=INFINITE State=UP"
+        " OverSubscribe=FORCE:256",
+        "MaxJobCount=100000",
+    ]
+    bed = private_slurm(ensure_rootfs(), prefix="sunk-breq-", nodes=nodes, extra_conf=conf)
+    with bed as (_, access):
         async with SlurmClient(
             access.restd_url, JwtMinter(FileKey(access.jwt_key), "root")
         ) as slurm:
@@ -95,10 +84,6 @@ async def measure(nodes: int, jobs: int, reads: int) -> None:
             await phase("POST /job/allocate (immediate)", jobs, allocate, pids)
             await phase("GET /job/{id}", jobs, lambda i: slurm.job(ids[i]), pids)
             await phase(f"GET /jobs ({jobs} jobs)", reads, lambda i: slurm.jobs(), pids)
-    finally:
-        await asyncio.to_thread(cluster.stop)
-        supervisor.stop_all()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 def main() -> None:
