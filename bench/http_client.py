@@ -5,7 +5,7 @@
 The HTTP client is most of the scheduler's own CPU in a burst (py-spy, in
 docs/benchmarks.md), so this isolates it: a canned HTTP/1.1 server in another
 process (its CPU is not counted) answers every request with a Slurm-job-sized
-JSON body (~2.5 kB), and the client sends `--requests` GETs and as many small
+JSON body (~1.8 kB), and the client sends `--requests` GETs and as many small
 POSTs from 8 concurrent tasks over 8 kept connections, as the Slurm client
 does. Printed per client: CPU microseconds per request (process time over the
 phase), each round and their spread. Clients: sunk's transport

@@ -17,9 +17,8 @@ scheduler could ask for a pod, `--samples` times on an idle node:
 
 Printed per kind: submit → RUNNING (polling the job every 10 ms), the
 processes it keeps on the node while it runs (slurmstepd and what it
-starts), the requests its end takes, and end → the
-job gone from RUNNING/COMPLETING and its node idle again; p50 / max over the
-samples.
+starts), the requests its end takes, and end → the job gone from
+RUNNING/COMPLETING and its node idle again; p50 / max over the samples.
 """
 
 from __future__ import annotations
