@@ -33,11 +33,14 @@ CONCURRENCY = 8
 BODY = json.dumps(
     {"jobs": [{"job_id": 1, "name": "x" * 50, "nodes": "tb1", **{f"f{i}": i for i in range(150)}}]}
 ).encode()
-HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+REPLY = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+    + BODY
+)
 
 
 class Canned(asyncio.Protocol):
-    """Answers each complete request (head and Content-Length body) with BODY."""
+    """Answers each complete request (head and Content-Length body) with REPLY."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -54,7 +57,7 @@ class Canned(asyncio.Protocol):
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length :]
-            self.transport.write(HEAD % len(BODY) + BODY)
+            self.transport.write(REPLY)
 
 
 async def serve(port: int) -> None:

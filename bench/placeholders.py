@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from kwok_bed import wait_until
 from private_slurm import private_slurm
 from sunk.scheduler.request import PLACEHOLDER_SCRIPT
 from sunk.slurm.auth import FileKey, JwtMinter
@@ -40,6 +41,7 @@ from sunk_testbed.images import DEFAULT_SLURM
 from sunk_testbed.slurm_cluster import ROOTFS_SUITES, ensure_release_rootfs
 
 POLL = 0.01
+LIMIT = 30.0
 NODE = "tb1"
 
 
@@ -69,15 +71,6 @@ def job_processes() -> int:
     return len(seen)
 
 
-async def wait_for(check: Callable[[], Awaitable[bool]], limit: float = 30.0) -> float:
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > limit:
-            raise TimeoutError("waited too long")
-        await asyncio.sleep(POLL)
-    return time.monotonic() - started
-
-
 async def state(slurm: SlurmClient, job_id: int) -> str:
     job = await slurm.job(job_id)
     return job.state if job is not None else "GONE"
@@ -96,19 +89,19 @@ async def run_kind(
 ) -> Figures:
     figures = Figures()
     for _ in range(samples):
-        await wait_for(lambda: node_idle(slurm))
+        await wait_until(f"{NODE} idle", lambda: node_idle(slurm), LIMIT, POLL)
 
         async def no_job_processes() -> bool:  # the last job's slurmstepd has exited
             return job_processes() == 0
 
-        await wait_for(no_job_processes)
+        await wait_until("no job processes", no_job_processes, LIMIT, POLL)
         started = time.monotonic()
         job_id = await submit()
 
         async def running(job_id: int = job_id) -> bool:
             return await state(slurm, job_id) == "RUNNING"
 
-        await wait_for(running)
+        await wait_until(f"job {job_id} running", running, LIMIT, POLL)
         figures.start.append(time.monotonic() - started)
         await asyncio.sleep(0.5)  # whatever the job starts on the node has started
         figures.processes.append(job_processes())
@@ -120,7 +113,7 @@ async def run_kind(
                 slurm
             )
 
-        await wait_for(gone)
+        await wait_until(f"job {job_id} gone, {NODE} idle", gone, LIMIT, POLL)
         figures.end.append(time.monotonic() - ended)
     return figures
 
