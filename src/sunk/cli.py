@@ -170,6 +170,10 @@ def tokens(
         raise typer.BadParameter(str(error)) from None
     if (tenant_tokens is None) != (tenancy_configmap is None):
         raise typer.BadParameter("--tenant-tokens and --tenancy-configmap go together")
+    from sunk.slurm.auth import MAX_TOKEN_LIFETIME
+
+    if not 0 < lifetime <= MAX_TOKEN_LIFETIME:
+        raise typer.BadParameter(f"--lifetime: a token lives at most {MAX_TOKEN_LIFETIME}s")
     run_until_terminated(
         main(
             jwt_key,

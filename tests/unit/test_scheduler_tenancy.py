@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sunk.scheduler.tenancy import TenancyError, parse_tenancy
+from sunk.scheduler.tenancy import RESERVED, Grant, TenancyError, parse_tenancy
 
 GOOD = """
 tenants:
@@ -53,3 +53,54 @@ def test_an_invalid_tenancy_names_the_field(text: str, error: str) -> None:
     with pytest.raises(TenancyError, match=r"^cm: ") as raised:
         parse_tenancy(text, "cm")
     assert error in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        # SlurmUser's uid in a range: its token would act as SlurmUser.
+        (
+            "tenants: [{namespaces: [a], uids: '64000-64100', user: 64000}]",
+            "tenants.0.uids: 64000-64100 holds reserved ids 64030-64036,64040-64041",
+        ),
+        ("tenants: [{namespaces: [a], uids: '64030', user: 64030}]", "reserved ids 64030"),
+        # An admin (sunk-syncer) and nobody.
+        ("tenants: [{namespaces: [a], uids: '64041', user: 64041}]", "reserved ids 64041"),
+        (
+            "tenants: [{namespaces: [a], uids: '5000', user: 5000, gids: '65000-65535',"
+            " group: 65000}]",
+            "tenants.0.gids: 65000-65535 holds reserved ids 65532,65534",
+        ),
+        # A list of one's own adds to the charts' ids, and never removes them.
+        (
+            "reserved: ['7000-7009']\ntenants: [{namespaces: [a], uids: '7005', user: 7005}]",
+            "reserved ids 7005",
+        ),
+        ("reserved: []\ntenants: [{namespaces: [a], uids: '64030', user: 64030}]", "64030"),
+        ("reserved: ['x']", "reserved: 'x' is not N or LOW-HIGH"),
+        ("tenants: [{namespaces: [a], uids: '5000-4294967295', user: 5000}]", "are not ids"),
+    ],
+)
+def test_a_reserved_id_is_never_granted(text: str, error: str) -> None:
+    with pytest.raises(TenancyError, match=r"^cm: ") as raised:
+        parse_tenancy(text, "cm")
+    assert error in str(raised.value)
+
+
+def test_the_reserved_ids_are_the_charts_own_and_a_grant_never_allows_one() -> None:
+    assert str(RESERVED) == "64030-64036,64040-64041,65532,65534"
+    tenancy = parse_tenancy("reserved: [70000, '7000-7001']\n" + GOOD, "cm")
+    assert str(tenancy.reserved_ids()) == "7000-7001,64030-64036,64040-64041,65532,65534,70000"
+    # A Grant on its own (no Tenancy checked its range) still refuses them.
+    grant = Grant(namespaces=["a"], uids="64000-64100", user=64000, gids="64000-64100")
+    assert grant.allows_uid(64029)
+    assert not grant.allows_uid(64030)
+    assert not grant.allows_gid(64040)
+    assert 64030 not in grant.granted_uids()
+    assert len(grant.granted_uids()) == 101 - 9
+
+
+def test_a_tenancy_written_out_reads_back_the_same() -> None:
+    tenancy = parse_tenancy("reserved: ['7000']\n" + GOOD, "cm")
+    assert parse_tenancy(tenancy.to_yaml(), "again") == tenancy
+    assert parse_tenancy(parse_tenancy("", "cm").to_yaml(), "again") == parse_tenancy("", "cm")

@@ -11,8 +11,16 @@ import pytest
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Secret
 
-from sunk.slurm.auth import StaticKey
-from sunk.tokens.run import TOKEN_KEY, TokenGrant, run_tokens, write_token
+from sunk.scheduler.tenancy import IdSet
+from sunk.slurm.auth import MAX_TOKEN_LIFETIME, StaticKey, mint
+from sunk.tokens.run import (
+    TOKEN_KEY,
+    TokenGrant,
+    run_tokens,
+    tenant_uids,
+    write_tenant_tokens,
+    write_token,
+)
 
 KEY = b"k" * 32
 
@@ -69,3 +77,34 @@ def test_a_grant_names_a_secret_and_a_user(text: str) -> None:
 async def test_tokens_are_refreshed_well_before_they_expire() -> None:
     with pytest.raises(ValueError, match="under half the lifetime"):
         await run_tokens(FakeKube(), "ns", [], StaticKey(KEY), lifetime=600, refresh=300)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["s=root", "s=0"])
+def test_no_component_is_given_roots_token(text: str) -> None:
+    with pytest.raises(ValueError, match="no component acts as root"):
+        TokenGrant.parse(text)
+
+
+async def test_no_token_lives_longer_than_a_day() -> None:
+    with pytest.raises(ValueError, match=f"at most {MAX_TOKEN_LIFETIME}s"):
+        mint(KEY, "sunk-syncer", MAX_TOKEN_LIFETIME + 1, now=1000)
+    with pytest.raises(ValueError, match=f"at most {MAX_TOKEN_LIFETIME}s"):
+        await run_tokens(FakeKube(), "ns", [], StaticKey(KEY), lifetime=10**9, refresh=600)  # type: ignore[arg-type]
+    token = mint(KEY, "sunk-syncer", MAX_TOKEN_LIFETIME, now=1000)
+    assert token.expires_at == 1000 + MAX_TOKEN_LIFETIME
+
+
+async def test_no_tenant_token_for_a_reserved_uid_or_one_below_1000() -> None:
+    """The tenancy refuses such grants; `sunk tokens` holds the line on its own."""
+    kube = FakeKube()
+    uids = [0, 999, 5000, 64030, 64040, 64041, 65534, 7000]
+    assert tenant_uids(uids) == [5000, 7000]
+    assert tenant_uids([5000, 7000], IdSet.parse(["7000"])) == [5000]
+    await write_tenant_tokens(kube, "ns", "tenant-tokens", uids, StaticKey(KEY), 3600)  # type: ignore[arg-type]
+    data = kube.secrets["tenant-tokens"].data or {}
+    assert sorted(data) == ["5000", "7000"]
+    subjects = {
+        jwt.decode(base64.b64decode(v).decode(), KEY, algorithms=["HS256"])["sun"]
+        for v in data.values()
+    }
+    assert subjects == {"5000", "7000"}

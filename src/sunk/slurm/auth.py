@@ -72,8 +72,16 @@ class Credentials(Protocol):
         """Forget the current token (slurmctld rejected it); the next call renews."""
 
 
+# The longest a token sunk mints may live: slurmctld checks only `exp`, so a
+# token's own claims are the only bound on how long a leaked one is good for.
+MAX_TOKEN_LIFETIME = 86400
+
+
 def mint(key: bytes, user: str, lifetime: float, now: float) -> Token:
-    """One signed token for `user`, valid from `now` for `lifetime` seconds."""
+    """One signed token for `user`, valid from `now` for `lifetime` seconds
+    (at most MAX_TOKEN_LIFETIME: ValueError beyond)."""
+    if not lifetime <= MAX_TOKEN_LIFETIME:
+        raise ValueError(f"a token lives at most {MAX_TOKEN_LIFETIME}s, not {lifetime}s")
     issued = int(now)
     expires = issued + max(1, int(lifetime))
     value = jwt.encode({"iat": issued, "exp": expires, "sun": user}, key, algorithm="HS256")
@@ -96,8 +104,8 @@ class JwtMinter:
         renew_before: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if lifetime <= 0:
-            raise ValueError(f"lifetime must be positive, got {lifetime}")
+        if not 0 < lifetime <= MAX_TOKEN_LIFETIME:
+            raise ValueError(f"lifetime must be in (0, {MAX_TOKEN_LIFETIME}], got {lifetime}")
         self._keys = keys
         self._user = user
         self.lifetime = lifetime

@@ -14,7 +14,10 @@ The scheduler acts in Slurm as each pod's tenant, not as a user who may act
 for others: for every uid the tenancy grants (the admin's ConfigMap, watched),
 a token lives in one more Secret, keyed by uid, which the scheduler mounts. A
 newly granted uid gets its token at once; a revoked one loses it at the next
-write, and what was minted expires within `lifetime`.
+write, and what was minted expires within `lifetime`. A token for a reserved id
+(a daemon's, an admin's, nobody's: the tenancy's `reserved`) or one below
+1000 is never minted for a tenant, whatever the tenancy says; nor one for
+root by `--grant`. No token lives longer than a day (MAX_TOKEN_LIFETIME).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from lightkube.resources.core_v1 import Secret, ServiceAccount
 
 from sunk.kube.client import kube_client
 from sunk.kube.retry import until_answered
+from sunk.scheduler.tenancy import MIN_ID, RESERVED, IdSet
 from sunk.scheduler.tenancy_watch import TenancyWatch
-from sunk.slurm.auth import FileKey, KeySource, mint
+from sunk.slurm.auth import MAX_TOKEN_LIFETIME, FileKey, KeySource, mint
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,18 @@ class TokenGrant:
         secret, sep, user = text.partition("=")
         if not sep or not secret or not user:
             raise ValueError(f"--grant {text!r}: expected <secret>=<slurm user>")
+        if user in ("root", "0"):
+            raise ValueError(f"--grant {text!r}: no component acts as root")
         return cls(secret, user)
+
+
+def tenant_uids(uids: Sequence[int], reserved: IdSet = RESERVED) -> list[int]:
+    """The uids that get a tenant token: never one below 1000 or reserved (the
+    tenancy refuses a grant of them; this holds even if one slipped through)."""
+    refused = [uid for uid in uids if uid < MIN_ID or uid in reserved or uid in RESERVED]
+    if refused:
+        log.error("no token for uids %s: below %d or reserved (%s)", refused, MIN_ID, reserved)
+    return [uid for uid in uids if uid not in refused]
 
 
 def token_secret(
@@ -112,9 +127,10 @@ async def write_tenant_tokens(
     owner: OwnerReference | None = None,
 ) -> None:
     """A fresh token for each granted uid (named by the uid: slurmctld looks the
-    number up) into one Secret, keyed by uid; a uid no longer granted is gone."""
+    number up) into one Secret, keyed by uid; a uid no longer granted is gone,
+    and a reserved one or one below 1000 never gets one."""
     key, now = await keys.key(), time.time()
-    tokens = {str(uid): mint(key, str(uid), lifetime, now).value for uid in uids}
+    tokens = {str(uid): mint(key, str(uid), lifetime, now).value for uid in tenant_uids(uids)}
     await _put(kube, token_secret(secret, namespace, tokens, owner))
 
 
@@ -151,6 +167,8 @@ async def run_tokens(
     token in every grant's Secret and for every granted uid; forever."""
     if refresh * 2 >= lifetime:
         raise ValueError("refresh must be under half the lifetime: tokens must outlive delays")
+    if lifetime > MAX_TOKEN_LIFETIME:
+        raise ValueError(f"lifetime: a token lives at most {MAX_TOKEN_LIFETIME}s")
     changed = asyncio.Event()
     async with asyncio.TaskGroup() as group:
         if tenants is not None:
@@ -166,7 +184,8 @@ async def run_tokens(
                 )
             uids: list[int] = []
             if tenants is not None:
-                uids = tenants.tenancy.current().uids()
+                tenancy = tenants.tenancy.current()
+                uids = tenant_uids(tenancy.uids(), tenancy.reserved_ids())
                 await until_answered(
                     f"writing Secret {namespace}/{tenants.secret}",
                     functools.partial(
