@@ -148,6 +148,8 @@ def test_memory_stays_bounded_as_keys_come_and_go() -> None:
         "uncertain": 0,
         "dropped": 50,
         "forgotten": 50,
+        "submitted by id": 0,
+        "unsealed": 0,
     }
 
 
@@ -175,3 +177,39 @@ def test_a_job_cancelled_is_not_cancelled_again_until_the_resend_wait() -> None:
     assert len(cancels) == 2
     assert cancels.wait(1, now=121.0) is None  # the oldest is let go first
     assert cancels.wait(3, now=121.0) == 9.0
+
+
+def test_a_job_it_submitted_that_loses_its_seal_is_marked_for_cancelling() -> None:
+    """A tenant may rewrite their own job's comment (`scontrol update job
+    comment=...`): the scheduler no longer knows it for the key's, submits anew,
+    and must end the old one, or every look would leave one more job."""
+    index = JobIndex(SEAL)
+    key = "ns/uid-p"
+    index.pod_changed("ns/p", pod("p"))
+    index.submitted(key, 41, wait=0)
+    job = sealed(41, key)
+    assert index.job_changed(41, None, job) == key
+    assert index.unsealed(key) == []
+    rewritten = sealed(41, key, comment="mine now")
+    assert index.job_changed(41, job, rewritten) == key
+    assert index.unsealed(key) == [(41, rewritten)]
+    assert index.candidates(key, [], {41: rewritten}) == []
+    index.reindex({41: rewritten})
+    assert index.unsealed(key) == [(41, rewritten)]
+    assert index.job_changed(41, rewritten, None) is None  # Slurm forgot it
+    assert index.unsealed(key) == []
+
+
+def test_a_comment_the_seal_cannot_read_is_skipped_not_fatal() -> None:
+    class Broken(JobSeal):
+        def key_of(self, job: Job) -> str | None:
+            if job.comment == "boom":
+                raise TypeError("a reader's bug")
+            return super().key_of(job)
+
+    index = JobIndex(Broken(b"0123456789abcdef0123456789abcdef", "sunk"))
+    index.reindex(
+        {1: sealed(1, "ns/uid-a"), 2: Job(job_id=2, comment="boom"), 3: sealed(3, "ns/uid-b")}
+    )
+    assert index.sizes()["keys with jobs"] == 2
+    assert index.job_changed(2, None, Job(job_id=2, comment="boom")) is None

@@ -11,6 +11,7 @@ from lightkube.resources.core_v1 import Pod
 from sunk.scheduler.decide import STOP_MARGIN, time_to_stop
 from sunk.scheduler.jobs import refused_allocation
 from sunk.scheduler.request import (
+    ANNOTATION_COMMENT,
     ANNOTATION_EXCLUSIVE,
     ANNOTATION_GPU_TYPE,
     ANNOTATION_PARTITION,
@@ -19,6 +20,7 @@ from sunk.scheduler.request import (
     GANG_NAME,
     GANG_SIZE,
     GPU_PRODUCT_LABEL,
+    LWS_GROUP_INDEX,
     LWS_NAME,
     LWS_SIZE,
     Gang,
@@ -231,3 +233,42 @@ def test_what_a_pod_does_not_ask_comes_from_its_grant() -> None:
     assert got == Identity(user_id=5000, partition="k8s", qos="high")
     asked = identity_of(pod(annotations={"sunk.dev/user-id": "5009"}), TENANCY, "t", Options())
     assert asked.user_id == 5009
+
+
+@pytest.mark.parametrize(
+    ("meta", "refusal"),
+    [
+        (
+            {"annotations": {GANG_NAME: "a b", GANG_SIZE: "2"}},
+            "sunk.dev/gang: 'a b' is not a label",
+        ),
+        ({"annotations": {GANG_NAME: "é", GANG_SIZE: "2"}}, "sunk.dev/gang: 'é' is not a label"),
+        ({"annotations": {GANG_NAME: "x" * 64, GANG_SIZE: "2"}}, "is not a label value"),
+        ({"labels": {GANG_NAME: "g", GANG_SIZE: "٣"}}, "must be a positive integer"),
+        ({"labels": {LWS_NAME: "w", LWS_SIZE: "2", LWS_GROUP_INDEX: "x"}}, "group index"),
+    ],
+)
+def test_a_gang_name_no_label_could_hold_is_refused_naming_the_rule(
+    meta: dict[str, dict[str, str]], refusal: str
+) -> None:
+    with pytest.raises(InvalidPod, match=re.escape(refusal)):
+        gang_of(pod(**meta))
+
+
+@pytest.mark.parametrize(
+    ("annotations", "refusal"),
+    [
+        ({ANNOTATION_GPU_TYPE: "h100:8,gres/gpu"}, "sunk.dev/gpu-type: 'h100:8,gres/gpu' is not"),
+        ({ANNOTATION_COMMENT: "two\nlines"}, "sunk.dev/comment: must be printable text"),
+        ({ANNOTATION_COMMENT: "x" * 501}, "at most 500 characters"),
+        ({ANNOTATION_TIME_LIMIT: "9999999-00"}, "over Slurm's largest"),
+        ({ANNOTATION_TIME_LIMIT: "1 2"}, "invalid time limit"),
+    ],
+)
+def test_an_annotation_that_would_reach_slurm_as_more_than_asked_is_refused(
+    annotations: dict[str, str], refusal: str
+) -> None:
+    with pytest.raises(InvalidPod, match=re.escape(refusal)):
+        job_spec(
+            [pod(annotations=annotations, limits={"nvidia.com/gpu": "1"})], Options(), SEAL, ME
+        )

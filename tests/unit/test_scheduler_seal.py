@@ -51,3 +51,27 @@ def test_a_seal_is_for_one_key_and_one_secret() -> None:
     assert JobSeal(b"t" * 32, "sunk").key_of(job(SEAL.comment("ns/uid-1", None))) is None
     with pytest.raises(ValueError, match="16 bytes"):
         JobSeal(b"short", "sunk")
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "sunk:x seal=1000:é",  # a MAC no base64 holds: once a TypeError that stopped the scheduler
+        "sunk:x seal=1000:\ud800",
+        "sunk:é seal=@:AAAAAAAAAAAAAAAAAAAAAA",
+        "sunk:%ZZ seal=@:AAAAAAAAAAAAAAAAAAAAAA",
+        "sunk:x seal=²:AAAAAAAAAAAAAAAAAAAAAA",  # a digit to str.isdigit, not to int()
+    ],
+)
+def test_a_comment_in_any_script_is_read_without_an_error(comment: str) -> None:
+    assert SEAL.key_of(job(comment)) is None
+
+
+def test_a_key_with_spaces_or_non_ascii_text_keeps_its_words_apart() -> None:
+    for key in ("ns/gang:a b", "ns/gang:é", "ns/gang:a\nb", "ns/%41"):
+        comment = SEAL.comment(key, 5001, "a note")
+        assert comment.count(" ") == 3  # key, seal, "a note"
+        assert SEAL.key_of(job(comment, user_name="alice", user_id=5001)) == key
+    assert SEAL.comment("ns/uid-1", 5001).startswith("sunk:ns/uid-1 seal=5001:")
+    with pytest.raises(ValueError, match="UTF-8"):
+        SEAL.comment("ns/\ud800", 5001)

@@ -321,7 +321,7 @@ class Scheduler:
             fetched = await self._slurm.read_job(job_id)
             if fetched is None:
                 self.index.forget(job_id)
-            elif self._seal.key_of(fetched) == key:
+            elif self.index.key_of(job_id, fetched) == key:
                 return job_id, fetched
             else:
                 foreign.add(job_id)
@@ -358,11 +358,17 @@ class Scheduler:
             # Look again soon: a view that was only slow turns fresh again without
             # an event (a StateEvent requeues every key after an outage).
             return Result(requeue_after=STALE_RETRY)
+        for unsealed_id, unsealed in self.index.unsealed(key):
+            if active(unsealed):
+                await self._cancel(key, unsealed_id, unsealed, "it lost the scheduler's seal")
         pods = self._members(key)
         job_id, job = await self._job_of(key, pods)
         if job is NOT_SEEN_YET:
             return Result(requeue_after=UNSEEN_WAIT)  # a JobEvent comes first, normally
-        decision = decide(pods, job_id, job, time.time())
+        try:
+            decision = decide(pods, job_id, job, time.time())
+        except InvalidPod as exc:  # e.g. a gang named in an annotation that no label could hold
+            return await self._invalid(key, pods, job_id, job, str(exc))
         result = None
         if decision.requeue_after is not None:
             result = Result(requeue_after=decision.requeue_after)
@@ -590,6 +596,17 @@ class Scheduler:
             await delete_pod(
                 self._kube, pod.metadata.namespace or "default", _pod_name(pod), _pod_uid(pod)
             )
+
+    async def _invalid(
+        self, key: str, pods: Sequence[Pod], job_id: int | None, job: Job | None, message: str
+    ) -> Result:
+        """Pods whose labels or annotations no job can be made of: refused with an
+        Event; one already running (its gang renamed since) stops, with its job."""
+        if running := [p for p in pods if bound(p)]:
+            await self._cancel(key, job_id, job, message)
+            await self._evict(running, job_id, job, message)
+        await self._refuse(key, [p for p in pods if not bound(p)], message)
+        return Result(requeue_after=INVALID_RETRY)
 
     async def _refuse(self, key: str, pods: Sequence[Pod], message: str) -> None:
         self.metrics.refusals.inc()

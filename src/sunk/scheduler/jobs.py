@@ -8,7 +8,10 @@ not grow with every job it has seen:
 - pods by key: from the pod informer's events (as many as there are pods);
 - jobs by key: from the Slurm view's job events, rebuilt whole from the
   view after a resync (as many as Slurm keeps);
-- jobs this process submitted, until their key has nothing left;
+- jobs this process submitted, until their key has nothing left; and by id,
+  the newest `ids_kept`, so one that later shows without its seal (its owner
+  rewrote the comment: `scontrol update job comment=...`) is cancelled, not
+  left to run beside the job submitted in its place;
 - keys whose submit may have been taken, until the wait is over;
 - job ids dropped by the scheduler or forgotten by Slurm: the newest
   `ids_kept` of each (`RecentIds`);
@@ -20,6 +23,7 @@ No I/O: the loop (`controller.py`) feeds it events and asks it questions.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Generic, TypeVar
@@ -30,6 +34,8 @@ from sunk.scheduler.decide import pod_annotations
 from sunk.scheduler.request import ANNOTATION_JOB_ID, InvalidPod, gang_of, job_key
 from sunk.scheduler.seal import JobSeal
 from sunk.slurm.models import Job
+
+log = logging.getLogger(__name__)
 
 # Job ids remembered (forgotten by Slurm, dropped by the scheduler): about a day
 # of ended pods on a busy cluster, a few hundred kilobytes each.
@@ -122,6 +128,11 @@ class JobIndex:
         # whole again gets a new job, and the old one is no reason to evict it.
         self._dropped: RecentIds[int] = RecentIds(ids_kept)
         self._forgotten: RecentIds[int] = RecentIds(ids_kept)  # job ids Slurm no longer knows
+        # Every job this process submitted, by id → its key (the newest `ids_kept`).
+        self._mine: dict[int, str] = {}
+        self._ids_kept = ids_kept
+        # Jobs of `_mine` that Slurm shows without their seal: job id → (key, job).
+        self._unsealed: dict[int, tuple[str, Job]] = {}
 
     # -- pods ----------------------------------------------------------------------
 
@@ -147,13 +158,41 @@ class JobIndex:
 
     # -- jobs ----------------------------------------------------------------------
 
+    def key_of(self, job_id: int, job: Job) -> str | None:
+        """The key `job` is sealed for; None for any other job, whatever its
+        comment holds (a job that makes the seal's reader fail is logged and
+        skipped: one user's comment must not stop the index for everyone)."""
+        try:
+            return self._seal.key_of(job)
+        except Exception:
+            log.exception(
+                "job %d: its comment could not be read; not a job of the scheduler's", job_id
+            )
+            return None
+
     def job_changed(self, job_id: int, old: Job | None, new: Job | None) -> str | None:
-        """Index a job event; the key of the job if it is sealed for one."""
+        """Index a job event; the key of the job if it is sealed for one (or was
+        submitted by this process for one)."""
         key = None
+        if new is None:  # Slurm forgot it
+            self._unsealed.pop(job_id, None)
+            self._mine.pop(job_id, None)
+        elif (mine := self._mine.get(job_id)) is not None:
+            key = mine
+            if self.key_of(job_id, new) != mine and not refused_allocation(new):
+                if job_id not in self._unsealed:
+                    log.warning(
+                        "job %d, submitted for %s, no longer carries its seal: it is cancelled",
+                        job_id,
+                        mine,
+                    )
+                self._unsealed[job_id] = (mine, new)
+            else:
+                self._unsealed.pop(job_id, None)
         for job in (old, new):
             if job is None or refused_allocation(job):
                 continue
-            if (found := self._seal.key_of(job)) is not None:
+            if (found := self.key_of(job_id, job)) is not None:
                 key = found
                 if job is new:
                     self._jobs_by_key.setdefault(found, set()).add(job_id)
@@ -167,8 +206,14 @@ class JobIndex:
     def reindex(self, jobs: Mapping[int, Job]) -> None:
         """Forget what job events said and index `jobs` (everything Slurm has)."""
         self._jobs_by_key.clear()
+        self._unsealed.clear()
         for job_id, job in jobs.items():
             self.job_changed(job_id, None, job)
+
+    def unsealed(self, key: str) -> list[tuple[int, Job]]:
+        """Jobs this process submitted for `key` that Slurm now shows without
+        their seal (to be cancelled: the key's pods get a job anew)."""
+        return [(i, job) for i, (mine, job) in self._unsealed.items() if mine == key]
 
     def known_keys(self) -> set[str]:
         """Every key with a pod or a job."""
@@ -178,6 +223,9 @@ class JobIndex:
         """This process submitted `job_id` for `key`; the view should show it within `wait` s."""
         self._submitted[key] = (job_id, time.monotonic() + wait)
         self._uncertain.pop(key, None)
+        self._mine[job_id] = key
+        if len(self._mine) > self._ids_kept:
+            del self._mine[next(iter(self._mine))]
 
     def awaited(self, key: str, job_id: int) -> bool:
         """Submitted by this process so lately that the view may not show it yet."""
@@ -200,7 +248,7 @@ class JobIndex:
             if (written := pod_annotations(pod).get(ANNOTATION_JOB_ID, "")).isdigit():
                 ids.add(int(written))
         known = [(i, jobs.get(i)) for i in sorted(ids) if i not in self._dropped]
-        return [(i, job) for i, job in known if job is None or self._seal.key_of(job) == key]
+        return [(i, job) for i, job in known if job is None or self.key_of(i, job) == key]
 
     def drop(self, job_id: int) -> None:
         self._dropped.add(job_id)
@@ -248,4 +296,6 @@ class JobIndex:
             "uncertain": len(self._uncertain),
             "dropped": len(self._dropped),
             "forgotten": len(self._forgotten),
+            "submitted by id": len(self._mine),
+            "unsealed": len(self._unsealed),
         }

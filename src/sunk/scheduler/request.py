@@ -63,7 +63,20 @@ SHARING = {
     "ok": "oversubscribe",
     "oversubscribe": "oversubscribe",
 }
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME = re.compile(r"(?:([0-9]{1,7})-)?([0-9]{1,10})(?::([0-9]{1,10}))?(?::([0-9]{1,10}))?")
+# Slurm's largest time limit short of INFINITE, in minutes (a uint32, less its sentinel).
+MAX_TIME_LIMIT = 2**32 - 2
+# Kubernetes' rule for a label value. Every name a pod gives that reaches a job's
+# comment or a Slurm field (gang, JobSet, LeaderWorkerSet, GPU type) must be one:
+# an annotation may hold any text (spaces, newlines, `,` or `:` that Slurm
+# would read as a separator), a label value cannot.
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+LABEL_VALUE_RULE = (
+    "a label value: at most 63 letters, digits, '-', '_' or '.', "
+    "beginning and ending with a letter or digit"
+)
+# A user's note after the seal (sunk.dev/comment): printable text on one line.
+MAX_NOTE = 500
 
 # The placeholder's batch script: it holds the allocation while the pod runs.
 # SIGTERM is ignored so that on cancel or preemption the allocation lasts until
@@ -103,6 +116,13 @@ class Options:
     grace_margin: int = 1  # a pod's grace period must be at most KillWait minus this
 
 
+def label_value(value: str, what: str) -> str:
+    """`value` if it is a valid label value; InvalidPod naming `what` and the rule."""
+    if _LABEL_VALUE.fullmatch(value) is None:
+        raise InvalidPod(f"{what}: {value!r} is not {LABEL_VALUE_RULE}")
+    return value
+
+
 def job_key(namespace: str, pod_uid: str, gang: Gang | None) -> str:
     """What the job's comment carries: which pod (or gang) it is for."""
     return f"{namespace}/gang:{gang.name}" if gang is not None else f"{namespace}/{pod_uid}"
@@ -125,21 +145,26 @@ def gang_of(pod: Pod) -> Gang | None:
     labels, annotations = _meta(pod)
     both = {**annotations, **labels}
     if name := both.get(GANG_NAME):
-        return Gang(name, _positive(both.get(GANG_SIZE), GANG_SIZE))
+        return Gang(label_value(name, GANG_NAME), _positive(both.get(GANG_SIZE), GANG_SIZE))
     if (jobset := labels.get(JOBSET_NAME)) and (job := labels.get(JOBSET_REPLICATED_JOB)):
         size = both.get(JOBSET_PARALLELISM) or both.get(JOBSET_REPLICAS)
         if size is not None:
+            jobset = label_value(jobset, JOBSET_NAME)
+            job = label_value(job, JOBSET_REPLICATED_JOB)
             return Gang(f"jobset-{jobset}-{job}", _positive(size, JOBSET_PARALLELISM))
     if (lws := labels.get(LWS_NAME)) and (size := both.get(LWS_SIZE)):
-        return Gang(f"lws-{lws}-{labels.get(LWS_GROUP_INDEX, '0')}", _positive(size, LWS_SIZE))
+        index = labels.get(LWS_GROUP_INDEX, "0")
+        if not (index.isascii() and index.isdigit()):
+            raise InvalidPod(f"{LWS_GROUP_INDEX}: {index!r} is not a group index (digits)")
+        return Gang(f"lws-{label_value(lws, LWS_NAME)}-{index}", _positive(size, LWS_SIZE))
     return None
 
 
 def _positive(value: str | None, what: str) -> int:
-    try:
-        number = int(value or "")
-    except ValueError:
-        raise InvalidPod(f"{what} must be a positive integer, not {value!r}") from None
+    """A gang's size: ASCII digits, 1 to 999,999 (no Slurm cluster has more nodes)."""
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 6:
+        raise InvalidPod(f"{what} must be a positive integer, not {value!r}")
+    number = int(value)
     if number < 1:
         raise InvalidPod(f"{what} must be a positive integer, not {value!r}")
     return number
@@ -188,7 +213,7 @@ def resources_of(pod: Pod) -> Resources:
 
 def time_limit_minutes(value: str) -> int:
     """Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
-    match = _TIME.match(value.strip())
+    match = _TIME.fullmatch(value.strip())
     if match is None:
         raise InvalidPod(f"{ANNOTATION_TIME_LIMIT}: invalid time limit {value!r}")
     days, first, second, third = match.groups()
@@ -204,6 +229,8 @@ def time_limit_minutes(value: str) -> int:
         total = parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
     if total < 1:
         raise InvalidPod(f"{ANNOTATION_TIME_LIMIT}: time limit {value!r} is under a minute")
+    if total > MAX_TIME_LIMIT:
+        raise InvalidPod(f"{ANNOTATION_TIME_LIMIT}: time limit {value!r} is over Slurm's largest")
     return total
 
 
@@ -211,10 +238,23 @@ def _int_annotation(annotations: Mapping[str, str], name: str) -> int | None:
     value = annotations.get(name)
     if value is None:
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidPod(f"{name}: {value!r} is not a numeric id") from None
+    # ASCII digits only: int() would also take other scripts' digits, " 5001" or "5_001".
+    if not (value.isascii() and value.isdigit()) or len(value) > 10:
+        raise InvalidPod(f"{name}: {value!r} is not a numeric id")
+    return int(value)
+
+
+def note_of(annotations: Mapping[str, str]) -> str | None:
+    """The user's note that follows the seal in the job's comment (sunk.dev/comment)."""
+    note = annotations.get(ANNOTATION_COMMENT)
+    if note is None:
+        return None
+    if len(note) > MAX_NOTE or not note.isprintable():
+        raise InvalidPod(
+            f"{ANNOTATION_COMMENT}: must be printable text on one line, "
+            f"at most {MAX_NOTE} characters"
+        )
+    return note
 
 
 def grace_seconds(pod: Pod) -> int:
@@ -227,7 +267,7 @@ def gres_type(pod: Pod, options: Options) -> str | None:
     mapped through the table; None asks for any GPU."""
     _, annotations = _meta(pod)
     if kind := annotations.get(ANNOTATION_GPU_TYPE):
-        return kind
+        return label_value(kind, ANNOTATION_GPU_TYPE)
     selector = (pod.spec.nodeSelector if pod.spec else None) or {}
     product = selector.get(GPU_PRODUCT_LABEL)
     if product is None:
@@ -347,7 +387,7 @@ def job_spec(
         account=identity.account,
         qos=identity.qos,
         reservation=identity.reservation,
-        comment=seal.comment(key, identity.user_id, annotations.get(ANNOTATION_COMMENT)),
+        comment=seal.comment(key, identity.user_id, note_of(annotations)),
         sharing=sharing,
         requeue=False,
         user_id=identity.user_id,
