@@ -27,6 +27,7 @@ pytest_plugins = [
     "plugins.nodes",
     "plugins.loopwatch",
     "plugins.local_cluster",
+    "plugins.fuzz",
 ]
 
 BED_MARKS = ("contract", "e2e")

@@ -8,6 +8,7 @@ name multiply out.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from itertools import product
@@ -17,7 +18,7 @@ from itertools import product
 # stay far below this.
 MAX_HOSTS = 1_000_000
 
-_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$")
+_TRAILING_NUMBER = re.compile(r"^(.*?)([0-9]+)([^0-9]*)$")
 
 
 class HostlistError(ValueError):
@@ -47,41 +48,44 @@ def _split_top_level(expr: str) -> list[str]:
     return parts
 
 
-def _range_values(expr: str, body: str) -> list[str]:
-    """`01-03,7` -> ["01", "02", "03", "7"]."""
-    values: list[str] = []
-    for item in body.split(","):
-        lo, sep, hi = item.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise HostlistError(f"{expr!r}: bad range {item!r} (want N or N-M)")
-        if not sep:
-            values.append(lo)
-            continue
-        start, end = int(lo), int(hi)
-        if end < start:
-            raise HostlistError(f"{expr!r}: range {item!r} runs backwards")
-        if end - start + len(values) >= MAX_HOSTS:
-            raise HostlistError(f"{expr!r}: more than {MAX_HOSTS} hosts")
-        width = len(lo) if lo.startswith("0") else 0
-        values.extend(str(n).zfill(width) for n in range(start, end + 1))
-    return values
+def _ranges_of(expr: str, body: str) -> list[tuple[range, int]]:
+    """`01-03,7` -> its numbers, each run with its width (0: unpadded)."""
+    return [_range(expr, item) for item in body.split(",")]
+
+
+def _range(expr: str, item: str) -> tuple[range, int]:
+    lo, sep, hi = item.partition("-")
+    if not _digits(lo) or (sep and not _digits(hi)):
+        raise HostlistError(f"{expr!r}: bad range {item!r} (want N or N-M)")
+    start, end = int(lo), int(hi) if sep else int(lo)
+    if end < start:
+        raise HostlistError(f"{expr!r}: range {item!r} runs backwards")
+    return range(start, end + 1), len(lo) if lo.startswith("0") or not sep else 0
 
 
 def _expand_one(expr: str, part: str) -> list[str]:
     # Alternate literal text and bracket bodies: "r[1-2]-n[3]" -> r, 1-2, -n, 3, "".
     pieces = re.split(r"\[([^\]]*)\]", part)
-    choices: list[list[str]] = []
+    brackets: list[list[tuple[range, int]]] = []
     for i, piece in enumerate(pieces):
-        if i % 2 == 0:
-            if "[" in piece or "]" in piece:
-                raise HostlistError(f"{expr!r}: unbalanced brackets in {part!r}")
-            choices.append([piece])
-        else:
-            choices.append(_range_values(expr, piece))
-    names = ["".join(combo) for combo in product(*choices)]
-    if len(names) > MAX_HOSTS:
+        if i % 2 == 0 and ("[" in piece or "]" in piece):
+            raise HostlistError(f"{expr!r}: unbalanced brackets in {part!r}")
+        if i % 2:
+            brackets.append(_ranges_of(expr, piece))
+    # Counted before, not after, multiplying out: `n[0-999999][0-999999]` is refused at once.
+    if math.prod(sum(len(numbers) for numbers, _ in runs) for runs in brackets) > MAX_HOSTS:
         raise HostlistError(f"{expr!r}: more than {MAX_HOSTS} hosts")
-    return names
+    numbers = iter(brackets)
+    choices = [
+        [str(n).zfill(width) for run, width in next(numbers) for n in run] if i % 2 else [piece]
+        for i, piece in enumerate(pieces)
+    ]
+    return ["".join(combo) for combo in product(*choices)]
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits: str.isdigit also takes superscripts, which int() refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def expand(expr: str) -> list[str]:
