@@ -103,6 +103,7 @@ def test_a_directory_that_lists_no_group_removes_nothing(
         ("sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"): "slurm\n",
         ("getent", "-s", "ldap", "group"): "",
         ("getent", "-s", "ldap", "passwd"): "",
+        ("getent", "-s", "files", "passwd"): "root:x:0:0:root:/root:/bin/bash\n",
         ("sacctmgr", "-n", "-P", "show", "account", "format=account,organization"): (
             f"research|{MARK}\n"
         ),
@@ -114,3 +115,34 @@ def test_a_directory_that_lists_no_group_removes_nothing(
     da.sync([])
     assert changes == []
     assert "nothing removed" in capsys.readouterr().out
+
+
+def test_reserved_and_out_of_range_ids_and_local_accounts_are_never_members() -> None:
+    """nslcd's filters hide them already; the loop does not rely on it."""
+    ids = da.IdRange(1000, 59999, frozenset({64030, 64040, 65534}))
+    group = (
+        "research:*:3000:alice,slurm,sunk-operator,mallory\n"
+        "admins:*:64040:alice\n"  # a reserved gid: never an account
+        "high:*:70000:alice\n"  # outside the range
+        "root-ish:*:0:alice\n"
+    )
+    passwd = (
+        "alice:x:3001:3000::/home/alice:/bin/bash\n"
+        "mallory:x:64040:3000::/home/m:/bin/bash\n"  # an admin's uid
+        "trudy:x:3002:3000::/home/t:/bin/bash\n"
+        "oscar:x:3003:0::/home/o:/bin/bash\n"  # root's group as primary
+        "peggy:x:500:3000::/home/p:/bin/bash\n"  # below the range
+    )
+    groups = da.parse_groups(group, passwd, [], ids, ["root", "slurm", "sunk-operator"])
+    assert groups == {"research": {"alice", "trudy"}}
+
+
+def test_the_settings_file_carries_the_directory_range(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(
+        '{"groups": [], "interval": 5, "minUid": 2000, "maxUid": 3000,'
+        ' "reserved": ["64030", "65534"]}'
+    )
+    assert da.id_range(path) == da.IdRange(2000, 3000, frozenset({64030, 65534}))
+    path.write_text('{"groups": [], "interval": 5}')
+    assert da.id_range(path) == da.IdRange()

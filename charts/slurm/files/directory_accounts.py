@@ -5,7 +5,11 @@ Runs beside slurmdbd as SlurmUser (an admin of the accounting database, over
 munge) and, every `interval` seconds of its settings file, makes Slurm's accounts follow the
 directory: one account per chosen group, one association per member (the
 group's `memberUid`s and the users whose primary group it is), read through
-NSS (`getent -s ldap`, the pod's nslcd). It changes only accounts it made,
+NSS (`getent -s ldap`, the pod's nslcd, which lists in pages and filters out
+ids outside the directory range and reserved ones). It checks the same again:
+a group or user with a reserved id or one outside the range, and a member
+that is a local account (root, a daemon, an admin), are never taken. It
+changes only accounts it made,
 marked `Organization=sunk-directory`: an account of the same name that a
 person made, and people's associations anywhere else, are left alone. A
 removal Slurm refuses (a job of that association still running) is tried
@@ -69,24 +73,109 @@ def plan(
     )
 
 
-def parse_groups(group_lines: str, passwd_lines: str, chosen: Sequence[str]) -> dict[str, set[str]]:
+@dataclass(frozen=True)
+class IdRange:
+    """The ids a directory entry may have: low..high, none reserved (the
+    chart's `identity.ldap.minUid`/`maxUid` and reserved ids)."""
+
+    low: int = 1000
+    high: int = 59999
+    reserved: frozenset[int] = frozenset()
+
+    def allows(self, number: int) -> bool:
+        return self.low <= number <= self.high and number not in self.reserved
+
+
+@dataclass(frozen=True)
+class User:
+    """A `getent passwd` entry."""
+
+    name: str
+    uid: int
+    gid: int
+    gecos: str = ""
+    home: str = ""
+    shell: str = ""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A `getent group` entry."""
+
+    name: str
+    gid: int
+    members: tuple[str, ...] = ()
+
+
+def _number(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def parse_passwd(text: str) -> list[User]:
+    """`getent passwd` lines; a malformed one is skipped. Lines end at "\\n"
+    only (a GECOS field may hold any other line break)."""
+    users = []
+    for line in text.split("\n"):
+        fields = line.split(":")
+        if len(fields) != 7 or not fields[0]:
+            continue
+        uid, gid = _number(fields[2]), _number(fields[3])
+        if uid is None or gid is None:
+            continue
+        users.append(User(fields[0], uid, gid, *fields[4:7]))
+    return users
+
+
+def parse_group(text: str) -> list[Group]:
+    """`getent group` lines; a malformed one is skipped."""
+    groups = []
+    for line in text.split("\n"):
+        fields = line.split(":")
+        if len(fields) != 4 or not fields[0]:
+            continue
+        gid = _number(fields[2])
+        if gid is None:
+            continue
+        groups.append(Group(fields[0], gid, tuple(m for m in fields[3].split(",") if m)))
+    return groups
+
+
+def format_passwd(users: Iterable[User]) -> str:
+    return "".join(f"{u.name}:x:{u.uid}:{u.gid}:{u.gecos}:{u.home}:{u.shell}\n" for u in users)
+
+
+def format_group(groups: Iterable[Group]) -> str:
+    return "".join(f"{g.name}:x:{g.gid}:{','.join(g.members)}\n" for g in groups)
+
+
+def parse_groups(
+    group_lines: str,
+    passwd_lines: str,
+    chosen: Sequence[str],
+    ids: IdRange | None = None,
+    local: Iterable[str] = (),
+) -> dict[str, set[str]]:
     """`getent group` and `getent passwd` output → chosen group → members
-    (all groups when `chosen` is empty)."""
+    (all groups when `chosen` is empty). A group whose gid `ids` does not
+    allow is left out; so is a member whose uid it does not allow or whose
+    primary gid is root's or reserved, and a `local` account (root, a
+    daemon, an admin: never a directory user's to give)."""
+    ids = ids or IdRange()
+    local = set(local)
+    users = parse_passwd(passwd_lines)
+    refused = {
+        u.name for u in users if not ids.allows(u.uid) or u.gid == 0 or u.gid in ids.reserved
+    } | local
     groups: dict[str, set[str]] = {}
-    by_gid: dict[str, str] = {}
-    for line in group_lines.splitlines():
-        fields = line.split(":")
-        if len(fields) != 4:
+    by_gid: dict[int, str] = {}
+    for group in parse_group(group_lines):
+        if (chosen and group.name not in chosen) or not ids.allows(group.gid):
             continue
-        name, _, gid, members = fields
-        if chosen and name not in chosen:
-            continue
-        groups[name] = {m for m in members.split(",") if m}
-        by_gid[gid] = name
-    for line in passwd_lines.splitlines():
-        fields = line.split(":")
-        if len(fields) >= 4 and fields[3] in by_gid:
-            groups[by_gid[fields[3]]].add(fields[0])
+        groups[group.name] = {m for m in group.members if m not in refused}
+        by_gid[group.gid] = group.name
+    for user in users:
+        if user.gid in by_gid and user.name not in refused:
+            groups[by_gid[user.gid]].add(user.name)
     return groups
 
 
@@ -112,11 +201,15 @@ def sacctmgr(*args: str) -> None:
     print("done: sacctmgr " + " ".join(args), flush=True)
 
 
-def sync(chosen: Sequence[str]) -> Plan:
+def sync(chosen: Sequence[str], ids: IdRange | None = None) -> Plan:
     if not run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]).strip():
         raise RuntimeError("slurmctld has not registered the cluster with slurmdbd yet")
     groups = parse_groups(
-        run(["getent", "-s", "ldap", "group"]), run(["getent", "-s", "ldap", "passwd"]), chosen
+        run(["getent", "-s", "ldap", "group"]),
+        run(["getent", "-s", "ldap", "passwd"]),
+        chosen,
+        ids,
+        (user.name for user in parse_passwd(run(["getent", "-s", "files", "passwd"]))),
     )
     accounts = {
         row[0]: row[1]
@@ -161,6 +254,16 @@ def settings(path: Path) -> tuple[list[str], float]:
     return [str(g) for g in loaded.get("groups") or []], float(loaded.get("interval", 30))
 
 
+def id_range(path: Path) -> IdRange:
+    """The directory range and the reserved ids (the chart's values)."""
+    loaded = json.loads(path.read_text())
+    return IdRange(
+        int(loaded.get("minUid", 1000)),
+        int(loaded.get("maxUid", 59999)),
+        frozenset(int(i) for i in loaded.get("reserved") or []),
+    )
+
+
 def main() -> None:
     # PID 1 of its container: SIGTERM would otherwise be ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -175,7 +278,7 @@ def main() -> None:
             )
             said = (chosen, interval)
         try:
-            sync(chosen)
+            sync(chosen, id_range(path))
         except (RuntimeError, subprocess.TimeoutExpired) as failed:
             # slurmdbd or nslcd not answering yet: the next pass reads again.
             print(f"pass skipped: {failed}", flush=True)

@@ -235,7 +235,9 @@ class Tenancy(BaseModel):
                 if namespace in seen:
                     raise ValueError(f"namespace {namespace} is listed by two tenants")
                 seen.add(namespace)
-        if (count := len(self.uids())) > MAX_GRANTED_UIDS:
+        # Counted from the ranges: a range of millions is refused, not listed.
+        granted = IdSet.of(_id_range(grant.uids) for grant in self.tenants)
+        if (count := sum(high - low + 1 for low, high in granted)) > MAX_GRANTED_UIDS:
             raise ValueError(
                 f"{count} uids granted in all; at most {MAX_GRANTED_UIDS}"
                 " (each gets a Slurm token of its own, kept in one Secret)"
