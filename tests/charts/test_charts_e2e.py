@@ -314,7 +314,15 @@ async def test_a_config_change_reaches_slurm_without_restarting_any_pod(bed: Cha
     """An upgrade, as any config change is. The keys the install made survive it
     (the keys hook runs again and keeps them)."""
     keys = await _key_secrets(bed)
-    made = ("compute-ssh-host-keys", "db", "jwt", "munge", "ssh-host-keys")
+    made = (
+        "compute-ssh-host-keys",
+        "compute-ssh-public-keys",  # the public halves, for the login pods
+        "db",
+        "jwt",
+        "login-ssh-public-keys",  # for the compute pods
+        "munge",
+        "ssh-host-keys",
+    )
     assert sorted(keys) == [f"{RELEASE}-{n}" for n in made]
     before = await bed.restarts()
     values = dict(bed.values)

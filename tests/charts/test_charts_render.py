@@ -8,6 +8,7 @@ a fresh namespace of the test bed's apiserver, after the chart's CRDs.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import secrets
 import time
@@ -96,7 +97,8 @@ async def test_every_rendered_object_passes_a_server_side_dry_run(
 def test_a_render_is_the_same_every_time_and_holds_no_key(helm: Helm) -> None:
     """What GitOps needs: `helm template` twice gives the same objects, and no
     key is in them (the keys hook makes them in the cluster); a key given as
-    an existing Secret is neither made nor deleted by the hooks."""
+    an existing Secret is neither made nor deleted by the hooks (only its
+    public halves are, for ssh host keys)."""
     chart = str(CHARTS / "slurm")
     first, second = (helm.run(["template", "rel", chart, "-n", "hpc"]) for _ in range(2))
     assert first == second
@@ -116,6 +118,9 @@ def test_a_render_is_the_same_every_time_and_holds_no_key(helm: Helm) -> None:
         "rel-db db",
         "rel-ssh-host-keys ssh-host",
         "rel-compute-ssh-host-keys ssh-host",  # sshd of the compute pods (slurmd.ssh)
+        # The public halves, for the peers: derived from the private ones.
+        "rel-login-ssh-public-keys ssh-public rel-ssh-host-keys",
+        "rel-compute-ssh-public-keys ssh-public rel-compute-ssh-host-keys",
     ]
     assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == [m.split()[0] for m in made]
     given = [
@@ -125,8 +130,15 @@ def test_a_render_is_the_same_every_time_and_holds_no_key(helm: Helm) -> None:
     ]
     docs = [d for d in yaml.safe_load_all(helm.run(["template", "rel", chart, *given])) if d]
     made = hook_env(docs, "rel-keys")["KEYS"].splitlines()
-    assert made == ["rel-jwt jwt", "rel-db db"]
-    assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == ["rel-jwt", "rel-db"]
+    assert made == [
+        "rel-jwt jwt",
+        "rel-db db",
+        "rel-login-ssh-public-keys ssh-public my-host-keys",
+        "rel-compute-ssh-public-keys ssh-public my-compute-host-keys",
+    ]
+    assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == [
+        "rel-jwt", "rel-db", "rel-login-ssh-public-keys", "rel-compute-ssh-public-keys",
+    ]  # fmt: skip
 
 
 def test_busy_slurmd_pods_have_a_disruption_budget_that_can_be_turned_off(helm: Helm) -> None:
@@ -349,10 +361,15 @@ def test_the_tenancy_values_render_to_what_the_scheduler_reads(helm: Helm) -> No
 
 # NetworkPolicy as the API defines it (networking.k8s.io/v1): a pod that an
 # Ingress policy of its namespace selects accepts only what one of those
-# policies' rules allows. The bed's CNI (bridge) enforces none, so the flows
-# are checked against the rendered policies here; the server-side dry run
-# above shows the apiserver accepts them.
+# policies' ingress rules allows, and a pod that an Egress policy selects
+# connects only where one of those policies' egress rules allows; a flow needs
+# both. The bed's CNI (bridge) enforces none, so the flows are checked against
+# the rendered policies here; the server-side dry run above shows the
+# apiserver accepts them.
 Pod_ = tuple[str, dict[str, str]]  # namespace, labels
+# A flow's destination: a pod (with its address, or None), or an address
+# outside the cluster.
+Dest = tuple[Pod_ | None, str | None]
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -371,8 +388,27 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
-def _peer_matches(peer: dict[str, Any], policy_ns: str, source: Pod_) -> bool:
-    namespace, labels = source
+def _in_block(block: dict[str, Any], address: str | None) -> bool:
+    if address is None:
+        return False
+    ip = ipaddress.ip_address(address)
+    cidr = ipaddress.ip_network(block["cidr"])
+    if ip.version != cidr.version or ip not in cidr:
+        return False
+    return not any(ip in ipaddress.ip_network(e) for e in block.get("except", []))
+
+
+def _peer_matches(
+    peer: dict[str, Any], policy_ns: str, pod: Pod_ | None, address: str | None
+) -> bool:
+    """Whether `peer` names a pod (by its labels and namespace) or an address.
+    An ipBlock is taken to match a pod's address too (implementations differ),
+    so that a flow found refused is refused under either reading."""
+    if "ipBlock" in peer:
+        return _in_block(peer["ipBlock"], address)
+    if pod is None:
+        return False
+    namespace, labels = pod
     if "namespaceSelector" in peer:
         if not _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}):
             return False
@@ -381,42 +417,65 @@ def _peer_matches(peer: dict[str, Any], policy_ns: str, source: Pod_) -> bool:
     return _selects(peer.get("podSelector", {}), labels)
 
 
-def _allowed(policies: list[dict[str, Any]], source: Pod_, target: Pod_, port: int) -> bool:
-    namespace, labels = target
+def _port_matches(ports: list[dict[str, Any]], port: int, protocol: str) -> bool:
+    return not ports or any(
+        p.get("protocol", "TCP") == protocol
+        and ("port" not in p or p["port"] <= port <= p.get("endPort", p["port"]))
+        for p in ports
+    )
+
+
+def _rules_allow(
+    policies: list[dict[str, Any]],
+    kind: str,
+    selected: Pod_,
+    peer: Dest,
+    port: int,
+    protocol: str,
+) -> bool:
+    namespace, labels = selected
     selecting = [
         p
         for p in policies
         if p["metadata"]["namespace"] == namespace
-        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and kind in p["spec"].get("policyTypes", ["Ingress"])
         and _selects(p["spec"]["podSelector"], labels)
     ]
     if not selecting:
         return True
     for policy in selecting:
-        for rule in policy["spec"].get("ingress", []):
-            peers = rule.get("from", [])
-            ports = rule.get("ports", [])
-            if peers and not any(_peer_matches(p, namespace, source) for p in peers):
+        for rule in policy["spec"].get(kind.lower()) or []:
+            peers = rule.get("from" if kind == "Ingress" else "to", [])
+            if peers and not any(_peer_matches(p, namespace, *peer) for p in peers):
                 continue
-            if ports and not any(
-                p.get("protocol", "TCP") == "TCP"
-                and p["port"] <= port <= p.get("endPort", p["port"])
-                for p in ports
-            ):
-                continue
-            return True
+            if _port_matches(rule.get("ports", []), port, protocol):
+                return True
     return False
 
 
-def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
-    helm: Helm,
-) -> None:
-    """The flows Slurm and sunk need are open; a tenant's pod (even one
-    labelled like sunk's) reaches no daemon but ssh, and neither a job (it runs
-    in a slurmd pod) nor a login user reaches MariaDB or slurmrestd."""
+def _allowed(
+    policies: list[dict[str, Any]],
+    source: Pod_,
+    target: Pod_ | str,
+    port: int,
+    protocol: str = "TCP",
+    address: str | None = None,
+) -> bool:
+    """Whether `source` may connect to `target` (a pod, at `address` if given,
+    or an address outside the cluster) on `port`."""
+    if isinstance(target, str):
+        return _rules_allow(policies, "Egress", source, (None, target), port, protocol)
+    return _rules_allow(
+        policies, "Egress", source, (target, address), port, protocol
+    ) and _rules_allow(policies, "Ingress", target, (source, None), port, protocol)
+
+
+def _rendered(helm: Helm, *flags: str) -> tuple[list[dict[str, Any]], dict[str, Pod_]]:
+    """Both charts' NetworkPolicies (in namespace hpc) and pods by owner name;
+    `flags` for the slurm chart."""
     rendered: list[dict[str, Any]] = []
-    for chart in ("slurm", "sunk-cluster"):
-        out = helm.run(["template", "rel", str(CHARTS / chart), "-n", "hpc"])
+    for chart, given in (("slurm", flags), ("sunk-cluster", ())):
+        out = helm.run(["template", "rel", str(CHARTS / chart), "-n", "hpc", *given])
         rendered += [d for d in yaml.safe_load_all(out) if d]
     policies = [d for d in rendered if d["kind"] == "NetworkPolicy"]
     for policy in policies:
@@ -426,6 +485,20 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
         template = doc.get("spec", {}).get("template")
         if template:
             pods[doc["metadata"]["name"]] = ("hpc", template["metadata"]["labels"])
+    return policies, pods
+
+
+def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
+    helm: Helm,
+) -> None:
+    """The flows Slurm and sunk need are open; a tenant's pod (even one
+    labelled like sunk's) reaches no daemon but ssh, and neither a job (it runs
+    in a slurmd pod) nor a login user reaches MariaDB or slurmrestd. Egress,
+    with the chart's defaults: slurmd and login pods reach DNS, Slurm and (the
+    slurmd pods, for container jobs) HTTPS outside the cluster's and private
+    ranges, and nothing else: not the cloud's metadata address, sunk's
+    /metrics, the apiserver, a tenant's pod, another resolver."""
+    policies, pods = _rendered(helm)
     slurm = {
         name: pods[key]
         for name, key in {
@@ -441,8 +514,11 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
     sunk = [pods[f"rel-{c}"] for c in ("operator", "syncer", "scheduler")]
     tenant: Pod_ = ("team-a", {"app": "web"})
     forged: Pod_ = ("team-a", dict(sunk[0][1]))  # a tenant's pod labelled like sunk's
+    dns: Pod_ = ("kube-system", {"k8s-app": "kube-dns"})
     ephemeral = 40_000  # srun, step and PMIx ports
-    needed = [
+    registry = "198.51.100.7"  # an address on the internet
+    jobs = ("slurmd", "login")  # the pods users' programs run in
+    needed: list[tuple[Any, ...]] = [
         *((slurm[s], slurm["ctld"], 6817) for s in ("slurmd", "login", "restd", "dbd", "ctld")),
         *(
             (slurm[s], slurm["slurmd"], p)
@@ -455,8 +531,10 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
         *((s, slurm["restd"], 6820) for s in (slurm["uninstall"], *sunk)),
         (tenant, slurm["login"], 22),
         (slurm["login"], slurm["slurmd"], 22),  # ssh into the nodes of one's jobs
+        *((slurm[s], dns, 53, proto) for s in jobs for proto in ("UDP", "TCP")),
+        (slurm["slurmd"], registry, 443),  # a container job's image
     ]
-    refused = [
+    refused: list[tuple[Any, ...]] = [
         *((tenant, slurm[t], p) for t, p in (("mariadb", 3306), ("restd", 6820), ("dbd", 6819))),
         *(
             (tenant, slurm[t], p)
@@ -466,9 +544,54 @@ def test_network_policies_let_slurm_talk_and_keep_tenants_from_its_daemons(
         *((slurm[s], slurm["mariadb"], 3306) for s in ("slurmd", "login", "ctld", "restd")),
         *((slurm[s], slurm["restd"], 6820) for s in ("slurmd", "login")),
         *((s, slurm["mariadb"], 3306) for s in sunk),
+        *(
+            (slurm[s], *flow)
+            for s in jobs
+            for flow in (
+                ("169.254.169.254", 80),  # the cloud's instance metadata
+                ("fd00:ec2::254", 80),
+                ("10.96.0.1", 443),  # the apiserver's Service
+                ("192.168.1.10", 6443),  # the apiserver on its node
+                ("8.8.8.8", 53, "UDP"),  # a resolver not the cluster's
+            )
+        ),
+        (slurm["login"], registry, 443),  # login users get no internet by default
+        (slurm["slurmd"], registry, 80),
+    ]
+    # Pods with their addresses: an ipBlock must not let them through either.
+    in_cluster: list[tuple[Any, ...]] = [
+        *((slurm[s], tenant, 8080, "TCP", "10.244.2.7") for s in jobs),
+        *((slurm[s], pod, 9090, "TCP", "10.244.1.5") for s in jobs for pod in sunk),  # /metrics
     ]
     assert [f for f in needed if not _allowed(policies, *f)] == []
     assert [f for f in refused if _allowed(policies, *f)] == []
+    assert [f for f in in_cluster if _allowed(policies, *f)] == []
+    # With directory users the in-chart directory, and only it, is reachable.
+    ldap, ldap_pods = _rendered(
+        helm, "--set=identity.provider=ldap", "--set=identity.ldap.server.enabled=true"
+    )
+    directory = ldap_pods["rel-ldap"]
+    assert all(_allowed(ldap, ldap_pods[p], directory, 1389) for p in ("compute", "rel-login"))
+    assert not _allowed(policies, slurm["slurmd"], ("hpc", directory[1]), 1389)
+    # Without container jobs, no internet for the slurmd pods; egress can be
+    # left open, and an entry dropped or added.
+    off, off_pods = _rendered(helm, "--set=containers.enabled=false")
+    assert not _allowed(off, off_pods["compute"], registry, 443)
+    opened, opened_pods = _rendered(helm, "--set=networkPolicy.egress.enabled=false")
+    assert _allowed(opened, opened_pods["compute"], "169.254.169.254", 80)
+    mirror = (
+        '{"pods": ["login"], "to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}],'
+        ' "ports": [{"port": 443}]}'
+    )
+    changed, changed_pods = _rendered(
+        helm, "--set=networkPolicy.egress.allow.registries=null",
+        f"--set-json=networkPolicy.egress.allow.mirror={mirror}",
+    )  # fmt: skip
+    assert not _allowed(changed, changed_pods["compute"], registry, 443)
+    assert _allowed(changed, changed_pods["rel-login"], "10.1.2.3", 443)
+    assert not _allowed(changed, changed_pods["compute"], "10.1.2.3", 443)
+    with pytest.raises(HelmError, match=r"minItems|minimum|at least"):
+        _rendered(helm, '--set-json=networkPolicy.egress.allow.all={"pods": ["slurmd"], "to": []}')
     off = helm.run(["template", "rel", str(CHARTS / "slurm"), "--set=networkPolicy.enabled=false"])
     assert "kind: NetworkPolicy" not in off
 

@@ -267,7 +267,8 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- end -}}
 {{- end -}}
 
-{{/* The key Secrets the keys hook makes (those not given): "name kind" lines. */}}
+{{/* The key Secrets the keys hook makes (those not given): "name kind" lines;
+  "name ssh-public SOURCE": the public halves of the host keys in SOURCE. */}}
 {{- define "slurm.generatedKeys" -}}
 {{- if not .Values.munge.existingSecret }}
 {{ include "slurm.mungeSecret" . }} munge
@@ -286,6 +287,10 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- end }}
 {{- if and (include "slurm.ldapServer" .) (not .Values.identity.ldap.existingSecret) }}
 {{ include "slurm.ldapSecret" . }} ldap
+{{- end }}
+{{- if include "slurm.computeSsh" . }}
+{{ include "slurm.loginPublicKeysSecret" . }} ssh-public {{ include "slurm.hostKeysSecret" . }}
+{{ include "slurm.computePublicKeysSecret" . }} ssh-public {{ include "slurm.computeHostKeysSecret" . }}
 {{- end }}
 {{- end -}}
 
@@ -335,6 +340,16 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 {{- end }}
 
 {{/* NetworkPolicy peers: the release's pods of each component in .components. */}}
+{{/* Whether an entry of networkPolicy.egress.allow applies: its `when`
+  (containers, ldap) names a feature that is on, or it has none. */}}
+{{- define "slurm.egressWhen" -}}
+{{- if not .when }}true
+{{- else if eq .when "containers" }}{{ if .root.Values.containers.enabled }}true{{ end }}
+{{- else if eq .when "ldap" }}{{ include "slurm.ldap" .root }}
+{{- else }}{{ fail (printf "networkPolicy.egress.allow.%s.when: %q is neither containers nor ldap" .key .when) }}
+{{- end -}}
+{{- end -}}
+
 {{- define "slurm.peers" -}}
 {{- range .components }}
 - podSelector:
