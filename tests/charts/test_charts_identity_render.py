@@ -342,10 +342,9 @@ def test_directory_groups_as_accounts_run_beside_slurmdbd_as_slurmuser(
     mounts = {m["mountPath"] for m in loop["volumeMounts"]}
     assert {"/run/munge", "/run/nslcd", "/etc/nsswitch.conf", "/etc/slurm", "/scripts"} <= mounts
     scripts = of_kind(docs, "ConfigMap")["rel-scripts"]["data"]
-    assert yaml.safe_load(scripts["directory_accounts.json"]) == {
-        "groups": ["research"],
-        "interval": 30,
-    }
+    settings = yaml.safe_load(scripts["directory_accounts.json"])
+    assert settings.pop("reserved")  # and the directory range: as nslcd's filters
+    assert settings == {"groups": ["research"], "interval": 30, "minUid": 1000, "maxUid": 59999}
     assert "def plan(" in scripts["directory_accounts.py"]
     values["accounting"] = {"enabled": False}
     assert "set accounting.enabled too" in refused(helm, tmp_path, values)

@@ -40,7 +40,7 @@ SlurmUser=slurm
 AuthType=auth/munge
 CredType=cred/munge
 AuthAltTypes=auth/jwt
-AuthAltParameters=jwt_key=/run/slurm-keys/jwt_hs256.key
+{{ include "slurm.authAltParameters" . }}
 SlurmctldParameters=enable_configless
 {{- if .Values.metrics.enabled }}
 MetricsType=metrics/openmetrics
