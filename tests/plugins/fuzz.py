@@ -2,7 +2,7 @@
 
 A test marked `fuzz` (and given its inputs by hypothesis' `@given`) runs a
 sample in every run, `SUNK_FUZZ_SAMPLE` inputs (default 200), and
-`SUNK_FUZZ_EXAMPLES` inputs (default 10,000) when the run selects the marker
+`SUNK_FUZZ_EXAMPLES` inputs (default 6,000) when the run selects the marker
 (`./test -m fuzz`): over 100,000 inputs across the parsers. Either way the run
 ends with what was tried: inputs per test, the time, and the total. Tests set
 no example count of their own, so both sizes reach all of them.
@@ -22,7 +22,7 @@ from hypothesis.statistics import collector
 
 MARK = "fuzz"
 SAMPLE = int(os.environ.get("SUNK_FUZZ_SAMPLE", "200"))
-FULL = int(os.environ.get("SUNK_FUZZ_EXAMPLES", "10000"))
+FULL = int(os.environ.get("SUNK_FUZZ_EXAMPLES", "6000"))
 
 _COMMON: dict[str, Any] = {
     "deadline": None,  # a loaded two-core machine is no reason to fail
