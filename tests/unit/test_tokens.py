@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -12,7 +13,7 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Secret
 
 from sunk.scheduler.tenancy import IdSet
-from sunk.slurm.auth import MAX_TOKEN_LIFETIME, StaticKey, mint
+from sunk.slurm.auth import MAX_TOKEN_LIFETIME, FileKey, StaticKey, mint
 from sunk.tokens.run import (
     TOKEN_KEY,
     TokenGrant,
@@ -108,3 +109,22 @@ async def test_no_tenant_token_for_a_reserved_uid_or_one_below_1000() -> None:
         for v in data.values()
     }
     assert subjects == {"5000", "7000"}
+
+
+async def test_a_rotated_key_file_signs_the_next_tokens(tmp_path: Path) -> None:
+    """The JWT key's rotation (docs/charts.md): `sunk tokens` reads its key
+    file at each write, so once the kubelet has replaced the mounted Secret,
+    its next tokens verify with the new key only."""
+    path = tmp_path / "jwt_hs256.key"
+    path.write_bytes(KEY)
+    kube = FakeKube()
+    grant = TokenGrant("t", "sunk-syncer")
+    await write_token(kube, "ns", grant, FileKey(path), 3600)  # type: ignore[arg-type]
+    assert claims(kube.secrets["t"])["sun"] == "sunk-syncer"
+    new = b"n" * 64
+    path.write_bytes(new)
+    await write_token(kube, "ns", grant, FileKey(path), 3600)  # type: ignore[arg-type]
+    token = base64.b64decode((kube.secrets["t"].data or {})[TOKEN_KEY]).decode()
+    assert jwt.decode(token, new, algorithms=["HS256"])["sun"] == "sunk-syncer"
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(token, KEY, algorithms=["HS256"])
