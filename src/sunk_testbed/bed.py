@@ -191,6 +191,26 @@ class Bed:
         user = charts.User(USER_NAME, USER_UID, charts.new_ssh_key(key))
         charts.make_homes(self.files / "home", [user])
         helm = Helm(prepared.helm, kube.admin_kubeconfig, self.files / "helm")
+        values = charts.slurm_values(
+            users=[user],
+            home=self.files / "home",
+            images=prepared.images,
+            slurm_config={"KillWait": KILL_WAIT},
+            registry=node_bed.registry.address,
+            private_registry=private,
+            topology_levels=[charts.ZONE_LABEL],
+            identity=IDENTITY,
+            gpus=GPUS,
+        )
+        # The operator may make exactly these NodeSets' pods (componentPolicies).
+        slurmd_pods = await asyncio.to_thread(
+            charts.render_slurmd_pod_allowance,
+            helm,
+            RELEASE,
+            NAMESPACE,
+            values,
+            self.files / "slurm-values.yaml",
+        )
         await charts.install(
             helm,
             client,
@@ -208,6 +228,7 @@ class Bed:
                     "deviceDir": str(charts.stand_in_gpus(self.state_dir / "gpus", GPUS)),
                     "kubeletRootDir": f"{node_bed.group.dir}/{{node}}/kubelet",
                 },
+                slurmd_pods=slurmd_pods,
             ),
             values_file=self.files / "sunk-values.yaml",
         )
@@ -221,17 +242,6 @@ class Bed:
         )
         secret = charts.registry_auth_secret(NAMESPACE, private, *self.private_registry().login())
         await client.apply(codecs.from_dict(secret), force=True)
-        values = charts.slurm_values(
-            users=[user],
-            home=self.files / "home",
-            images=prepared.images,
-            slurm_config={"KillWait": KILL_WAIT},
-            registry=node_bed.registry.address,
-            private_registry=private,
-            topology_levels=[charts.ZONE_LABEL],
-            identity=IDENTITY,
-            gpus=GPUS,
-        )
         await charts.install(
             helm,
             client,

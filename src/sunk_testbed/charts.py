@@ -16,7 +16,7 @@ import json
 import os
 import stat
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
-from sunk_testbed.helm import Helm, HelmError
+from sunk_testbed.helm import CHARTS, Helm, HelmError
 from sunk_testbed.images import DEFAULT_SLURM, REGISTRY_HOST, Image, ImageSet
 from sunk_testbed.slurm_cluster import SANDBOX_SETTINGS
 
@@ -211,12 +211,16 @@ def cluster_values(
     replicas: int = 1,
     tenants: list[dict[str, Any]] | None = None,
     gpu_plugin: Mapping[str, Any] | None = None,
+    slurmd_pods: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Values of the sunk-cluster chart beside slurm release `release`: one
     replica of each component and of `sunk tokens` (a two-core machine) from
     the bed's sunk image;
     `tenants`, the scheduler's tenancy (none: no namespace served);
-    `gpu_plugin`, the GPU plugin's values (none: not run)."""
+    `gpu_plugin`, the GPU plugin's values (none: not run);
+    `slurmd_pods`, what the operator may put in slurmd pods
+    (`componentPolicies.slurmdPods`, from `slurmd_pod_allowance`; none: the
+    chart's defaults, which fit only a slurm release named `slurm`)."""
     values: dict[str, Any] = {
         "slurm": {
             "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
@@ -231,7 +235,64 @@ def cluster_values(
         "image": {"repository": _repository(image), "tag": image.tag},
         "gpuPlugin": {"enabled": True, **gpu_plugin} if gpu_plugin else {"enabled": False},
     }
+    if slurmd_pods is not None:
+        values["componentPolicies"] = {"slurmdPods": dict(slurmd_pods)}
     return values
+
+
+def slurmd_pod_allowance(rendered: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """`componentPolicies.slurmdPods` of the sunk-cluster chart that lets the
+    operator make the pods of the NodeSets among `rendered` (the slurm chart's
+    objects, as `helm template` gives them): their images' repositories, the
+    Secrets, host paths and claims they use, the capabilities they add."""
+    found: dict[str, set[str]] = {
+        key: set()
+        for key in ("images", "secrets", "hostPaths", "persistentVolumeClaims", "capabilities")
+    }
+    for doc in rendered:
+        if doc.get("kind") != "NodeSet":
+            continue
+        spec = doc["spec"]["template"]["spec"]
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            found["images"].add(image_repository(container["image"]))
+            for env in container.get("env") or []:
+                if ref := (env.get("valueFrom") or {}).get("secretKeyRef"):
+                    found["secrets"].add(ref["name"])
+            for source in container.get("envFrom") or []:
+                if ref := source.get("secretRef"):
+                    found["secrets"].add(ref["name"])
+            added = ((container.get("securityContext") or {}).get("capabilities") or {}).get("add")
+            found["capabilities"].update(added or [])
+        for volume in spec.get("volumes") or []:
+            if "secret" in volume:
+                found["secrets"].add(volume["secret"]["secretName"])
+            for source in (volume.get("projected") or {}).get("sources") or []:
+                if "secret" in source:
+                    found["secrets"].add(source["secret"]["name"])
+            if "hostPath" in volume:
+                found["hostPaths"].add(volume["hostPath"]["path"])
+            if "persistentVolumeClaim" in volume:
+                found["persistentVolumeClaims"].add(volume["persistentVolumeClaim"]["claimName"])
+    return {key: sorted(values) for key, values in found.items()}
+
+
+def image_repository(image: str) -> str:
+    """`registry:5000/a/b` of `registry:5000/a/b:tag` or `...@sha256:...`."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name.rsplit(":", 1)[0] if ":" in last else name
+
+
+def render_slurmd_pod_allowance(
+    helm: Helm, release: str, namespace: str, values: Mapping[str, Any], values_file: Path
+) -> dict[str, list[str]]:
+    """`slurmd_pod_allowance` of the slurm chart as `release` renders with
+    `values` (written to `values_file`), so the sunk-cluster release installed
+    before it lets the operator make exactly these NodeSets' pods."""
+    values_file.write_text(yaml.safe_dump(dict(values)))
+    chart = str(CHARTS / "slurm")
+    out = helm.run(["template", release, chart, "-n", namespace, "-f", str(values_file)])
+    return slurmd_pod_allowance(doc for doc in yaml.safe_load_all(out) if doc)
 
 
 GPU_MAJOR = 195  # NVIDIA's character device major

@@ -146,8 +146,15 @@ async def bed(
     }
     # The operator runs from sunk's image as the chart deploys it; the syncer and
     # the scheduler have e2e modules of their own.
+    slurmd_pods = charts.render_slurmd_pod_allowance(
+        helm, RELEASE, namespace, values, state / "values.yaml"
+    )
     cluster_values = charts.cluster_values(
-        RELEASE, kubelet_nodes.images.sunk, namespace=namespace, replicas=1
+        RELEASE,
+        kubelet_nodes.images.sunk,
+        namespace=namespace,
+        replicas=1,
+        slurmd_pods=slurmd_pods,
     )
     cluster_values["syncer"]["replicas"] = cluster_values["scheduler"]["replicas"] = 0
     try:

@@ -664,7 +664,7 @@ async def test_gpu_pods_must_be_placed_by_sunks_scheduler(
     release = f"r{secrets.token_hex(3)}"
     out = helm.run(
         ["template", release, str(CHARTS / "sunk-cluster"), "-n", namespace,
-         "--set=gpuPlugin.enabled=true"]
+         "--set=gpuPlugin.enabled=true", "--set=componentPolicies.enabled=false"]
     )  # fmt: skip
     made = await install_policy(kube, out, "ValidatingAdmissionPolicy", namespace)
 

@@ -95,7 +95,13 @@ async def cluster(
     charts.make_homes(state / "home", [user])
     shell = LoginShell(kube, namespace, RELEASE, key, USER.name)
     made = Upgrade(shell, helm, state, user, kubelet_nodes.images, [f"compute-{n}" for n in names])
-    cluster_values = charts.cluster_values(RELEASE, made.images.sunk, namespace=namespace)
+    # The same NodeSet before and after: only the image's tag changes.
+    slurmd_pods = charts.render_slurmd_pod_allowance(
+        helm, RELEASE, namespace, made.values(OLD), state / "values.yaml"
+    )
+    cluster_values = charts.cluster_values(
+        RELEASE, made.images.sunk, namespace=namespace, slurmd_pods=slurmd_pods
+    )
     cluster_values["syncer"]["replicas"] = cluster_values["scheduler"]["replicas"] = 0
     try:
         for name in names:
