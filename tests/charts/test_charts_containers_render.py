@@ -75,3 +75,32 @@ def test_the_schema_takes_only_a_secret_name(helm: Helm, tmp_path: Path, value: 
     with pytest.raises(HelmError) as error:
         render(helm, tmp_path, {"registryAuthSecret": value})
     assert "registryAuthSecret" in str(error.value.stderr)
+
+
+CACHE = "/var/lib/sunk-containers"
+
+
+def test_slurmd_makes_the_cache_root_only_before_anyone_reaches_the_pod(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """The cache volume (an emptyDir is 0777) holds what root writes and mounts
+    for every container step: slurmd's container makes it root's alone before
+    sshd or slurmd start, i.e. before any user can reach the pod; the plugin
+    and the fetcher refuse to use it otherwise."""
+    spec, slurmd = slurmd_pod(render(helm, tmp_path, {}))
+    assert {"name": "containers", "mountPath": CACHE} in slurmd["volumeMounts"]
+    [volume] = [v for v in spec["volumes"] if v["name"] == "containers"]
+    assert volume == {"name": "containers", "emptyDir": {}}
+    script = slurmd["command"][-1]
+    fix = script.index(f"chown 0:0 {CACHE} && chmod 0700 {CACHE}")
+    assert fix < script.index("exec tini -- slurmd")
+    assert fix < script.index("sshd")
+    plugstack = next(
+        d
+        for d in render(helm, tmp_path, {})
+        if d["kind"] == "ConfigMap" and "plugstack.conf" in d.get("data", {})
+    )
+    assert f"cache={CACHE}" in plugstack["data"]["plugstack.conf"]
+
+    _, off = slurmd_pod(render(helm, tmp_path, {"enabled": False}))
+    assert CACHE not in off["command"][-1]

@@ -254,7 +254,7 @@ def test_a_directory_of_more_than_500_users_lists_whole(cluster: Path) -> None:
         assert listed.stdout.strip() == str(BULK), f"{listed.stdout}{listed.stderr}"
         dbd = _in_pod(
             cluster,
-            _pod_of(cluster, f"{RELEASE}-slurmdbd"),
+            _pod_of(cluster, "slurmdbd"),
             "directory-accounts",
             count,
         )

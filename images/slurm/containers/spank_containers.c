@@ -14,23 +14,29 @@
  *                        of it (or a read-only bind) under <cache>/steps or, for a named
  *                        container, <cache>/jobs/<job>/<name>.
  *   task_init_privileged in each task, before Slurm drops to the user and looks up
- *                        the command: a mount namespace of its own, the node's /proc,
- *                        /sys, /dev, /tmp, Slurm's spool, /etc/hosts and friends, the
- *                        user's passwd entry and the user's --container-mounts cloned
- *                        (open_tree) from the node, pivot_root into the step's root, the
- *                        clones attached inside (move_mount: paths resolve inside the
- *                        image, never on the node), no_new_privs, the image's ENV.
+ *                        the command: a mount namespace of its own, a /proc of its own
+ *                        (hidepid=invisible), the node's /sys, /dev, /tmp, Slurm's spool,
+ *                        /etc/hosts and friends, the user's passwd entry and the user's
+ *                        --container-mounts cloned (open_tree) from the node, pivot_root
+ *                        into the step's root, the clones attached inside (move_mount:
+ *                        paths resolve inside the image, never on the node, never
+ *                        through a magic link), no_new_privs, the image's ENV.
  *   exit                 the step's root unmounted and, unless named, removed.
  *
  * The task stays Slurm's own process: the same cgroup, uid, signals, stdio and
  * accounting as any step; only its view of the filesystem changes. Every mount is
  * nosuid (and no_new_privs is set), so nothing in an image can raise privileges.
+ *
+ * The cache is root's alone (the chart makes it 0700; open_cache refuses it
+ * otherwise), and every path below it is opened from its directory's descriptor
+ * through no link (openat2), so nothing root writes or mounts there can be
+ * redirected: see "The cache" below and docs/containers.md.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <grp.h>
 #include <limits.h>
 #include <linux/openat2.h>
@@ -93,11 +99,13 @@ static struct {
 	uint32_t jobid, stepid;
 	uid_t uid;
 	gid_t gid;
-	char image_dir[PATH_MAX]; /* <cache>/images/<digest> */
-	char step_dir[PATH_MAX];
-	char root[PATH_MAX + 8];
-	char error[2048]; /* reported by the tasks, so srun shows it */
+	char image[128];    /* its directory's name under <cache>/images: <algorithm>-<hex> */
+	char rel[PATH_MAX]; /* the step's directory, relative to the cache */
+	char error[2048];   /* reported by the tasks, so srun shows it */
 } step;
+
+/* The cache's directory, opened and checked (open_cache), in slurmstepd's mount namespace. */
+static int cache_fd = -1;
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
@@ -330,6 +338,202 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ the cache */
+
+/*
+ * Every path below the cache is opened from a directory fd of it with openat2,
+ * through no symlink and no magic link (/proc/self/fd/N, /proc/PID/root) and
+ * never above it; paths inside a container are resolved in its root, through no
+ * magic link. Nothing is looked up by a path string that someone else could
+ * redirect while root walks it.
+ */
+#define RESOLVE_CACHE (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+#define RESOLVE_IMAGE (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+#define RESOLVE_LAYER (RESOLVE_IMAGE | RESOLVE_NO_XDEV)
+
+static int open2(int dirfd, const char *path, int flags, mode_t mode, uint64_t resolve)
+{
+	struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC), .mode = mode, .resolve = resolve};
+	int fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+
+	if (fd < 0 && errno == ENOSYS)
+		slurm_error(LOG_PREFIX "this kernel has no openat2 (Linux 5.6 or later): container steps are refused");
+	return fd;
+}
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+/* A directory of the cache: root's, and writable by root alone. */
+static int root_only(int fd, const char *what)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0)
+		return fail("cannot stat %s: %s", what, strerror(errno));
+	if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
+		return fail("%s must be a directory of root's that only root can write (it is uid %u, "
+			    "mode %04o): container steps are refused",
+			    what, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+/*
+ * The cache's directory, each component of its path checked from /: no
+ * symlink, root's, writable by root alone. Then no one else can create, rename
+ * or replace anything below it.
+ */
+static int open_cache(void)
+{
+	char path[CONFIG_PATH_MAX], prefix[CONFIG_PATH_MAX] = "", *rest = path, *comp;
+	int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+
+	if (fd < 0)
+		return fail("cannot open /: %s", strerror(errno));
+	if (root_only(fd, "/") < 0)
+		goto bad;
+	snprintf(path, sizeof(path), "%s", config.cache);
+	while ((comp = strsep(&rest, "/")) != NULL) {
+		int next;
+
+		if (!*comp)
+			continue;
+		snprintf(prefix + strlen(prefix), sizeof(prefix) - strlen(prefix), "/%s", comp);
+		next = open2(fd, comp, O_PATH | O_DIRECTORY, 0, RESOLVE_CACHE);
+		close(fd);
+		fd = next;
+		if (fd < 0) {
+			if (errno == ELOOP)
+				return fail("the container cache %s: %s is a symbolic link: container steps "
+					    "are refused", config.cache, prefix);
+			return fail("cannot open the container cache %s: %s: %s", config.cache, prefix,
+				    strerror(errno));
+		}
+		if (root_only(fd, prefix) < 0)
+			goto bad;
+	}
+	return fd;
+bad:
+	close(fd);
+	return -1;
+}
+
+/* dir/name, one component, made with mode when missing; root's alone. */
+static int open_dir(int dir, const char *name, mode_t mode)
+{
+	char what[CONFIG_PATH_MAX + 128];
+	int fd = open2(dir, name, O_RDONLY | O_DIRECTORY, 0, RESOLVE_CACHE);
+
+	if (fd < 0 && errno == ENOENT) {
+		if (mkdirat(dir, name, mode) < 0 && errno != EEXIST)
+			return fail("cannot make %s in the container cache: %s", name, strerror(errno));
+		fd = open2(dir, name, O_RDONLY | O_DIRECTORY, 0, RESOLVE_CACHE);
+		if (fd >= 0 && fchmod(fd, mode) < 0)
+			close_fd(&fd);
+	}
+	if (fd < 0)
+		return fail("cannot open %s in the container cache: %s", name, strerror(errno));
+	snprintf(what, sizeof(what), "%s in the container cache %s", name, config.cache);
+	if (root_only(fd, what) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* A new file dir/name (whatever was there is removed, never followed), for writing. */
+static FILE *create_file(int dir, const char *name)
+{
+	int fd;
+	FILE *f;
+
+	if (unlinkat(dir, name, 0) < 0 && errno != ENOENT)
+		return NULL;
+	fd = open2(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644, RESOLVE_CACHE);
+	if (fd < 0)
+		return NULL;
+	if (fchmod(fd, 0644) < 0 || !(f = fdopen(fd, "w"))) {
+		close(fd);
+		return NULL;
+	}
+	return f;
+}
+
+/* A regular file at path below dir, resolved as resolve says, for reading; never a FIFO. */
+static FILE *open_file(int dir, const char *path, uint64_t resolve)
+{
+	struct stat st;
+	int fd = open2(dir, path, O_RDONLY | O_NONBLOCK, 0, resolve);
+	FILE *f;
+
+	if (fd < 0)
+		return NULL;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !(f = fdopen(fd, "r"))) {
+		close(fd);
+		errno = EINVAL;
+		return NULL;
+	}
+	return f;
+}
+
+/*
+ * name below dir and everything below that: by file descriptors, never through
+ * a link and never into another filesystem (a step's root still mounted).
+ */
+static void remove_at(int dir, const char *name, dev_t dev)
+{
+	struct stat st, opened;
+	struct dirent *e;
+	DIR *d;
+	int fd;
+
+	if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	if (!S_ISDIR(st.st_mode)) {
+		unlinkat(dir, name, 0);
+		return;
+	}
+	if (st.st_dev != dev)
+		return;
+	fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (fstat(fd, &opened) < 0 || opened.st_dev != dev || opened.st_ino != st.st_ino ||
+	    !(d = fdopendir(fd))) {
+		close(fd);
+		return;
+	}
+	while ((e = readdir(d)) != NULL)
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			remove_at(dirfd(d), e->d_name, dev);
+	closedir(d);
+	unlinkat(dir, name, AT_REMOVEDIR);
+}
+
+/* rel (a relative path of the cache) and all below it. */
+static void remove_tree(int cache, const char *rel)
+{
+	char parent[PATH_MAX], *slash;
+	struct stat st;
+	int dir;
+
+	snprintf(parent, sizeof(parent), "%s", rel);
+	slash = strrchr(parent, '/');
+	if (!slash)
+		return;
+	*slash = '\0';
+	dir = open2(cache, parent, O_RDONLY | O_DIRECTORY, 0, RESOLVE_CACHE);
+	if (dir < 0)
+		return;
+	if (fstat(dir, &st) == 0)
+		remove_at(dir, slash + 1, st.st_dev);
+	close(dir);
+}
+
 /* ------------------------------------------------------------------ the step */
 
 /* Run argv as root; its output (stdout and stderr) in out. Exit status, or -1. */
@@ -371,43 +575,21 @@ static int run(char *const argv[], char *out, size_t out_len)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static int mkdir_p(const char *path, mode_t mode)
+/* An image directory's name as the fetcher makes it: <algorithm>-<hex>. */
+static int valid_image_name(const char *name)
 {
-	char buf[PATH_MAX];
-
-	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
-		return -1;
-	for (char *p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(buf, mode) < 0 && errno != EEXIST)
-			return -1;
-		*p = '/';
-	}
-	if (mkdir(buf, mode) < 0 && errno != EEXIST)
-		return -1;
-	return 0;
+	if (!*name || *name == '-' || strlen(name) >= sizeof(step.image))
+		return 0;
+	for (const char *c = name; *c; c++)
+		if (!islower((unsigned char)*c) && !isdigit((unsigned char)*c) && *c != '-')
+			return 0;
+	return 1;
 }
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	if (flag == FTW_DP)
-		return rmdir(path);
-	return unlink(path);
-}
-
-static void remove_tree(const char *path)
-{
-	nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
-/* The image in the node's cache (fetched if missing): step.image_dir. */
+/* The image in the node's cache (fetched if missing): step.image. */
 static int fetch_image(const char *image)
 {
-	char out[4096], *last, *end;
+	char out[4096], prefix[CONFIG_PATH_MAX + 16], *last, *end;
 	int rc;
 
 	rc = run((char *[]){config.fetcher, config.cache, (char *)image, NULL}, out, sizeof(out));
@@ -418,62 +600,44 @@ static int fetch_image(const char *image)
 		return fail("cannot fetch %s: %s", image, out);
 	last = strrchr(out, '\n');
 	last = last ? last + 1 : out;
-	if (*last != '/' || snprintf(step.image_dir, sizeof(step.image_dir), "%s", last) >=
-				    (int)sizeof(step.image_dir))
-		return fail("the fetcher printed no image directory: %s", out);
+	snprintf(prefix, sizeof(prefix), "%s/images/", config.cache);
+	if (strncmp(last, prefix, strlen(prefix)) || !valid_image_name(last + strlen(prefix)))
+		return fail("the fetcher printed no image directory of the cache: %s", out);
+	last += strlen(prefix);
+	memcpy(step.image, last, strlen(last) + 1); /* checked: it fits */
 	return 0;
 }
 
-static int read_line_file(const char *path, char *buf, size_t len)
+/* A named container's image, written by the step that made it. */
+static int read_image_name(int stepdir)
 {
-	FILE *f = fopen(path, "re");
+	char line[sizeof(step.image) + 2];
+	FILE *f = open_file(stepdir, "image", RESOLVE_CACHE);
 	int ok;
 
 	if (!f)
 		return -1;
-	ok = fgets(buf, len, f) != NULL;
+	ok = fgets(line, sizeof(line), f) != NULL;
 	fclose(f);
-	if (!ok)
+	line[strcspn(line, "\n")] = '\0';
+	if (!ok || !valid_image_name(line))
 		return -1;
-	buf[strcspn(buf, "\n")] = '\0';
+	memcpy(step.image, line, strlen(line) + 1); /* checked: it fits */
 	return 0;
-}
-
-static int write_file(const char *path, const char *content)
-{
-	FILE *f = fopen(path, "we");
-
-	if (!f)
-		return -1;
-	fputs(content, f);
-	return fclose(f);
-}
-
-/* The file rel inside root, symlinks resolved inside root (never on the node). */
-static FILE *open_in_root(const char *root, const char *rel)
-{
-	struct open_how how = {.flags = O_RDONLY | O_CLOEXEC,
-			       .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
-	int dirfd, fd;
-
-	dirfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (dirfd < 0)
-		return NULL;
-	fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
-	close(dirfd);
-	return fd < 0 ? NULL : fdopen(fd, "r");
 }
 
 /*
  * /etc/passwd and /etc/group for the container: the image's, plus the user's
  * entry and primary group from this node when the image lacks them (as enroot
  * does), so that `id`, `whoami` and ssh inside the container know the user.
+ * The image's files are read in its root (a link in the image resolves there,
+ * never on the node); what is written is a new file of the step's directory.
  */
-static int write_identity(void)
+static int write_identity(int root, int stepdir)
 {
 	struct passwd *pw = getpwuid(step.uid);
 	struct group *gr = getgrgid(step.gid);
-	char path[PATH_MAX + 16], line[4096], entry[64];
+	char line[4096], entry[64];
 	const char *files[] = {"passwd", "group"};
 
 	for (int i = 0; i < 2; i++) {
@@ -481,12 +645,11 @@ static int write_identity(void)
 		int found = 0;
 		unsigned long id = i == 0 ? step.uid : step.gid;
 
-		snprintf(path, sizeof(path), "%s/%s", step.step_dir, files[i]);
-		out = fopen(path, "we");
+		out = create_file(stepdir, files[i]);
 		if (!out)
-			return fail("cannot write %s: %s", path, strerror(errno));
+			return fail("cannot write the container's %s: %s", files[i], strerror(errno));
 		snprintf(entry, sizeof(entry), "etc/%s", files[i]);
-		in = open_in_root(step.root, entry);
+		in = open_file(root, entry, RESOLVE_IMAGE);
 		while (in && fgets(line, sizeof(line), in)) {
 			char *field = line;
 			unsigned long lid;
@@ -508,39 +671,98 @@ static int write_identity(void)
 		if (!found && i == 1 && gr)
 			fprintf(out, "%s:x:%u:\n", gr->gr_name, gr->gr_gid);
 		if (fclose(out) != 0)
-			return fail("cannot write %s", path);
+			return fail("cannot write the container's %s", files[i]);
 	}
 	return 0;
 }
 
-static int mount_root(void)
+/*
+ * The container's root filesystem, mounted on <step>/root through file
+ * descriptors (the new mount API; overlayfs' layers named as /proc/self/fd/N of
+ * directories opened safely): an overlay of the image, or a read-only bind of
+ * it. Returns the mount's fd: the container's root, here.
+ */
+static int mount_root(int stepdir)
 {
-	char lower[PATH_MAX + 16], opts[3 * PATH_MAX + 64];
+	char lower[32], upper[32], work[32];
+	int image = -1, lowerfd = -1, upperfd = -1, workfd = -1, target = -1, fs = -1, mnt = -1;
+	char rel[sizeof(step.image) + 16];
 
-	snprintf(lower, sizeof(lower), "%s/rootfs", step.image_dir);
+	snprintf(rel, sizeof(rel), "images/%s", step.image);
+	if ((image = open_dir(cache_fd, "images", 0700)) < 0)
+		goto out;
+	close(image);
+	image = open2(cache_fd, rel, O_RDONLY | O_DIRECTORY, 0, RESOLVE_CACHE);
+	if (image < 0) {
+		fail("the image %s is not in the cache: %s", step.image, strerror(errno));
+		goto out;
+	}
+	if (root_only(image, rel) < 0)
+		goto out;
+	if (faccessat(image, ".complete", F_OK, AT_SYMLINK_NOFOLLOW) < 0) {
+		fail("the image %s is not complete in the cache", step.image);
+		goto out;
+	}
+	lowerfd = open2(image, "rootfs", O_PATH | O_DIRECTORY, 0, RESOLVE_CACHE);
+	if (lowerfd < 0) {
+		fail("the image %s has no rootfs: %s", step.image, strerror(errno));
+		goto out;
+	}
+	if ((target = open_dir(stepdir, "root", 0755)) < 0)
+		goto out;
 	if (args.writable == 0) {
-		if (mount(lower, step.root, NULL, MS_BIND | MS_REC, NULL) < 0 ||
-		    mount(NULL, step.root, NULL,
-			  MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
-			return fail("cannot mount the image read-only: %s", strerror(errno));
-	} else {
-		char upper[PATH_MAX + 8], work[PATH_MAX + 8];
+		struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
+						      MOUNT_ATTR_NODEV};
 
-		snprintf(upper, sizeof(upper), "%s/upper", step.step_dir);
-		snprintf(work, sizeof(work), "%s/work", step.step_dir);
-		if (mkdir_p(upper, 0755) < 0 || mkdir_p(work, 0700) < 0)
-			return fail("cannot make %s: %s", upper, strerror(errno));
-		snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work);
-		if (mount("overlay", step.root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
-			return fail("cannot mount the container's overlay: %s", strerror(errno));
+		mnt = (int)syscall(SYS_open_tree, lowerfd, "",
+				   OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE);
+		if (mnt < 0 || syscall(SYS_mount_setattr, mnt, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+				       sizeof(attr)) < 0) {
+			fail("cannot mount the image read-only: %s", strerror(errno));
+			goto out;
+		}
+	} else {
+		if ((upperfd = open_dir(stepdir, "upper", 0755)) < 0 ||
+		    (workfd = open_dir(stepdir, "work", 0700)) < 0)
+			goto out;
+		snprintf(lower, sizeof(lower), "/proc/self/fd/%d", lowerfd);
+		snprintf(upper, sizeof(upper), "/proc/self/fd/%d", upperfd);
+		snprintf(work, sizeof(work), "/proc/self/fd/%d", workfd);
+		fs = (int)syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC);
+		if (fs < 0 ||
+		    syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir", lower, 0) < 0 ||
+		    syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "upperdir", upper, 0) < 0 ||
+		    syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "workdir", work, 0) < 0 ||
+		    syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
+		    (mnt = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC,
+					MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)) < 0) {
+			fail("cannot mount the container's overlay: %s", strerror(errno));
+			goto out;
+		}
+	}
+	if (syscall(SYS_move_mount, mnt, "", target, "",
+		    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0) {
+		fail("cannot mount the container's root: %s", strerror(errno));
+		close_fd(&mnt);
+		goto out;
 	}
 	step.mounted = 1;
-	return 0;
+out:
+	if (!step.mounted)
+		close_fd(&mnt);
+	close_fd(&image);
+	close_fd(&lowerfd);
+	close_fd(&upperfd);
+	close_fd(&workfd);
+	close_fd(&target);
+	close_fd(&fs);
+	return mnt;
 }
 
 static int prepare_step(spank_t sp)
 {
-	char image_file[PATH_MAX + 8];
+	char name[32];
+	int dir = -1, stepdir = -1, root = -1, rc = -1;
 
 	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
@@ -548,35 +770,59 @@ static int prepare_step(spank_t sp)
 		return fail("cannot read the job's uid, gid or id");
 	if (args.remap_root == 1)
 		return fail("--container-remap-root is not supported: steps run as their user");
+	if ((cache_fd = open_cache()) < 0)
+		return -1;
 	step.named = args.name != NULL;
-	if (step.named)
-		snprintf(step.step_dir, sizeof(step.step_dir), "%s/jobs/%u/%s", config.cache,
-			 step.jobid, args.name);
-	else
-		snprintf(step.step_dir, sizeof(step.step_dir), "%s/steps/%u.%u", config.cache,
-			 step.jobid, step.stepid);
-	snprintf(step.root, sizeof(step.root), "%s/root", step.step_dir);
-	snprintf(image_file, sizeof(image_file), "%s/image", step.step_dir);
+	/* steps/<job>.<step>, or jobs/<job>/<name>: each directory made here, root's alone. */
+	if (step.named) {
+		snprintf(name, sizeof(name), "%u", step.jobid);
+		snprintf(step.rel, sizeof(step.rel), "jobs/%u/%s", step.jobid, args.name);
+		if ((dir = open_dir(cache_fd, "jobs", 0700)) < 0 ||
+		    (stepdir = open_dir(dir, name, 0700)) < 0)
+			goto out;
+		close(dir);
+		dir = stepdir;
+		if ((stepdir = open_dir(dir, args.name, 0700)) < 0)
+			goto out;
+	} else {
+		snprintf(name, sizeof(name), "%u.%u", step.jobid, step.stepid);
+		snprintf(step.rel, sizeof(step.rel), "steps/%s", name);
+		if ((dir = open_dir(cache_fd, "steps", 0700)) < 0 ||
+		    (stepdir = open_dir(dir, name, 0700)) < 0)
+			goto out;
+	}
 
-	if (step.named && read_line_file(image_file, step.image_dir, sizeof(step.image_dir)) == 0) {
+	if (step.named && read_image_name(stepdir) == 0) {
 		/* An earlier step of this job made it: reuse it, as pyxis does. */
 		slurm_verbose(LOG_PREFIX "reusing container %s", args.name);
 	} else if (!args.image) {
-		return fail("no container named %s in this job on this node, and no --container-image",
-			    args.name);
+		fail("no container named %s in this job on this node, and no --container-image",
+		     args.name);
+		goto out;
 	} else {
+		FILE *f;
+
 		if (fetch_image(args.image) < 0)
-			return -1;
-		if (mkdir_p(step.root, 0755) < 0)
-			return fail("cannot make %s: %s", step.root, strerror(errno));
-		if (write_file(image_file, step.image_dir) < 0)
-			return fail("cannot write %s", image_file);
+			goto out;
+		int bad = 0;
+
+		if ((f = create_file(stepdir, "image")) != NULL) {
+			bad = fprintf(f, "%s\n", step.image) < 0;
+			bad = fclose(f) != 0 || bad;
+		}
+		if (!f || bad) {
+			fail("cannot write the container's image in the cache: %s", strerror(errno));
+			goto out;
+		}
 	}
-	if (mkdir_p(step.root, 0755) < 0)
-		return fail("cannot make %s: %s", step.root, strerror(errno));
-	if (mount_root() < 0)
-		return -1;
-	return write_identity();
+	if ((root = mount_root(stepdir)) < 0)
+		goto out;
+	rc = write_identity(root, stepdir);
+out:
+	close_fd(&dir);
+	close_fd(&stepdir);
+	close_fd(&root);
+	return rc;
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
@@ -654,63 +900,167 @@ static int clone_tree(struct tree *t, const char *src, const char *dst, int read
 	return 0;
 }
 
-/* Inside the container (after pivot_root): make dst and attach the tree there. */
-static int attach_tree(struct tree *t)
+/* A file of the step's directory (passwd, group) as a tree to attach, read-only. */
+static int clone_step_file(struct tree *t, int stepdir, const char *name, const char *dst)
 {
-	char parent[PATH_MAX];
-	struct stat st;
+	struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+	int fd = open2(stepdir, name, O_PATH | O_NOFOLLOW, 0, RESOLVE_CACHE);
 
-	if (t->fd < 0)
-		return 0;
-	if (stat(t->dst, &st) < 0) {
-		snprintf(parent, sizeof(parent), "%s", t->dst);
-		*strrchr(parent, '/') = '\0';
-		if (t->is_dir) {
-			if (mkdir_p(t->dst, 0755) < 0)
-				goto cannot;
-		} else {
-			int fd;
-
-			if ((*parent && mkdir_p(parent, 0755) < 0) ||
-			    (fd = open(t->dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) < 0)
-				goto cannot;
-			close(fd);
-		}
+	if (fd >= 0) {
+		t->fd = (int)syscall(SYS_open_tree, fd, "",
+				     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+		close(fd);
 	}
-	if (syscall(SYS_move_mount, t->fd, "", AT_FDCWD, t->dst, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
-		slurm_error(LOG_PREFIX "cannot mount at %s in the container: %s", t->dst, strerror(errno));
+	if (fd < 0 || t->fd < 0 ||
+	    syscall(SYS_mount_setattr, t->fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+		slurm_error(LOG_PREFIX "cannot mount the container's %s: %s", name, strerror(errno));
 		return -1;
 	}
-	close(t->fd);
-	t->fd = -1;
+	snprintf(t->dst, sizeof(t->dst), "%s", dst);
+	t->is_dir = 0;
+	t->optional = 0;
 	return 0;
-cannot:
-	close(t->fd);
+}
+
+/*
+ * A fresh procfs for the container, of this PID namespace, hidepid=invisible:
+ * the user sees their own processes only, so not the slurmd container's PID 1
+ * and its /proc/1/root (the node's /proc, cloned, would show every process).
+ */
+static int new_proc(struct tree *t)
+{
+	int fs = (int)syscall(SYS_fsopen, "proc", FSOPEN_CLOEXEC);
+
 	t->fd = -1;
-	if (t->optional)
-		return 0;
-	slurm_error(LOG_PREFIX "cannot make %s in the container: %s", t->dst, strerror(errno));
+	if (fs >= 0 && syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "hidepid", "invisible", 0) == 0 &&
+	    syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0)
+		t->fd = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC,
+				     MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+	if (fs >= 0)
+		close(fs);
+	if (t->fd < 0) {
+		slurm_error(LOG_PREFIX "cannot mount a /proc for the container: %s", strerror(errno));
+		return -1;
+	}
+	snprintf(t->dst, sizeof(t->dst), "/proc");
+	t->is_dir = 1;
+	t->optional = 0;
+	return 0;
+}
+
+/*
+ * Inside the container (root: its root directory): path made when missing, its
+ * missing directories 0755 root's and itself a directory (mode) or an empty file.
+ * Resolved in the container's root, through no magic link (/proc/1/root) and
+ * across no mount: what is made is made in the container's own filesystem, by
+ * file descriptors, never in a directory the node lends it (/tmp, Slurm's spool,
+ * /proc, a --container-mounts source), whatever links the image (or a user, in a
+ * named container) left. An O_PATH fd of it.
+ */
+static int make_in_root(int root, const char *path, int is_dir, mode_t mode)
+{
+	char buf[PATH_MAX], *slash, *name;
+	size_t len;
+	int parent, fd;
+
+	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	while ((len = strlen(buf)) > 1 && buf[len - 1] == '/')
+		buf[len - 1] = '\0';
+	slash = strrchr(buf, '/');
+	name = slash ? slash + 1 : buf;
+	if (!*name || !strcmp(name, ".") || !strcmp(name, "..")) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (slash == buf)
+		parent = open2(root, "/", O_PATH | O_DIRECTORY, 0, RESOLVE_LAYER);
+	else if (slash) {
+		*slash = '\0';
+		parent = open2(root, buf, O_PATH | O_DIRECTORY, 0, RESOLVE_LAYER);
+		if (parent < 0 && errno == ENOENT)
+			parent = make_in_root(root, buf, 1, 0755);
+	} else
+		parent = open2(root, "/", O_PATH | O_DIRECTORY, 0, RESOLVE_LAYER);
+	if (parent < 0)
+		return -1;
+	if (is_dir) {
+		if (mkdirat(parent, name, mode) < 0 && errno != EEXIST)
+			goto bad;
+	} else {
+		fd = openat(parent, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (fd < 0 && errno != EEXIST)
+			goto bad;
+		if (fd >= 0)
+			close(fd);
+	}
+	/* What is there now, never through a link (a dangling one: ELOOP). */
+	fd = open2(parent, name, O_PATH, 0, RESOLVE_CACHE | RESOLVE_NO_XDEV);
+	close(parent);
+	return fd;
+bad:
+	close(parent);
 	return -1;
 }
 
-static void make_user_dir(const char *path)
+/* Inside the container (after pivot_root): find or make dst and attach the tree there. */
+static int attach_tree(struct tree *t, int root)
 {
-	struct stat st;
+	int target;
 
-	if (stat(path, &st) == 0 || errno != ENOENT || args.writable == 0)
+	if (t->fd < 0)
+		return 0;
+	target = open2(root, t->dst, O_PATH, 0, RESOLVE_IMAGE);
+	if (target < 0 && errno == ENOENT)
+		target = make_in_root(root, t->dst, t->is_dir, 0755);
+	if (target < 0) {
+		int err = errno;
+
+		close_fd(&t->fd);
+		/* Not there and not to be made (a read-only image, a link leading out): go without. */
+		if (t->optional)
+			return 0;
+		slurm_error(LOG_PREFIX "cannot mount at %s in the container: %s", t->dst, strerror(err));
+		return -1;
+	}
+	if (syscall(SYS_move_mount, t->fd, "", target, "",
+		    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0) {
+		slurm_error(LOG_PREFIX "cannot mount at %s in the container: %s", t->dst, strerror(errno));
+		close(target);
+		close_fd(&t->fd);
+		return -1;
+	}
+	close(target);
+	close_fd(&t->fd);
+	return 0;
+}
+
+/* The step's working directory, made for the user in the writable layer when the image lacks it. */
+static void make_user_dir(int root, const char *path)
+{
+	int fd = open2(root, path, O_PATH, 0, RESOLVE_IMAGE);
+
+	if (fd >= 0 || errno != ENOENT || args.writable == 0) {
+		close_fd(&fd);
 		return;
-	if (mkdir_p(path, 0755) == 0)
-		(void)!chown(path, step.uid, step.gid);
+	}
+	fd = make_in_root(root, path, 1, 0755);
+	if (fd >= 0) {
+		(void)!fchownat(fd, "", step.uid, step.gid, AT_EMPTY_PATH);
+		close(fd);
+	}
 }
 
 /* The image's ENV wins over the job's, as with pyxis (PATH above all). */
 static int apply_image_env(spank_t sp)
 {
-	char path[PATH_MAX + 8], line[65536];
+	char rel[sizeof(step.image) + 16], line[65536];
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/env", step.image_dir);
-	f = fopen(path, "re");
+	snprintf(rel, sizeof(rel), "images/%s/env", step.image);
+	f = open_file(cache_fd, rel, RESOLVE_CACHE);
 	if (!f)
 		return 0;
 	while (fgets(line, sizeof(line), f)) {
@@ -735,8 +1085,9 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
 	struct tree trees[16 + MAX_MOUNTS];
 	size_t n = 0;
-	char cwd[PATH_MAX], path[PATH_MAX + 16];
+	char cwd[PATH_MAX];
 	int mount_home = args.mount_home == -1 ? config.mount_home : args.mount_home;
+	int cache = -1, stepdir = -1, root = -1;
 	struct passwd *pw;
 	int rc = -1;
 
@@ -759,8 +1110,19 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 		slurm_error(LOG_PREFIX "cannot make a mount namespace: %s", strerror(errno));
 		return -1;
 	}
+	/* The cache again, in this mount namespace, and the step's root as mounted here. */
+	if ((cache = open_cache()) < 0) {
+		slurm_error(LOG_PREFIX "%s", step.error);
+		goto out;
+	}
+	stepdir = open2(cache, step.rel, O_PATH | O_DIRECTORY, 0, RESOLVE_CACHE);
+	root = stepdir < 0 ? -1 : open2(stepdir, "root", O_PATH | O_DIRECTORY, 0, RESOLVE_CACHE);
+	if (root < 0) {
+		slurm_error(LOG_PREFIX "cannot open the container's root: %s", strerror(errno));
+		goto out;
+	}
 	/* What the node lends the container, taken while its paths still mean the node's. */
-	if (clone_tree(&trees[n++], "/proc", "/proc", 0, 0, 0) < 0 ||
+	if (new_proc(&trees[n++]) < 0 ||
 	    clone_tree(&trees[n++], "/sys", "/sys", 1, 0, 0) < 0 ||
 	    clone_tree(&trees[n++], "/dev", "/dev", 0, 0, 0) < 0 ||
 	    clone_tree(&trees[n++], "/tmp", "/tmp", 0, 1, 0) < 0 ||
@@ -768,13 +1130,9 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	    clone_tree(&trees[n++], config.spool, config.spool, 0, 1, 0) < 0 ||
 	    clone_tree(&trees[n++], "/etc/hosts", "/etc/hosts", 1, 1, 0) < 0 ||
 	    clone_tree(&trees[n++], "/etc/hostname", "/etc/hostname", 1, 1, 0) < 0 ||
-	    clone_tree(&trees[n++], "/etc/resolv.conf", "/etc/resolv.conf", 1, 1, 0) < 0)
-		goto out;
-	snprintf(path, sizeof(path), "%s/passwd", step.step_dir);
-	if (clone_tree(&trees[n++], path, "/etc/passwd", 1, 1, 0) < 0)
-		goto out;
-	snprintf(path, sizeof(path), "%s/group", step.step_dir);
-	if (clone_tree(&trees[n++], path, "/etc/group", 1, 1, 0) < 0)
+	    clone_tree(&trees[n++], "/etc/resolv.conf", "/etc/resolv.conf", 1, 1, 0) < 0 ||
+	    clone_step_file(&trees[n++], stepdir, "passwd", "/etc/passwd") < 0 ||
+	    clone_step_file(&trees[n++], stepdir, "group", "/etc/group") < 0)
 		goto out;
 	if (mount_home && pw && pw->pw_dir[0] == '/' &&
 	    clone_tree(&trees[n++], pw->pw_dir, pw->pw_dir, 0, 0, 1) < 0)
@@ -791,13 +1149,20 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 			goto out;
 	}
 
-	if (chdir(step.root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+	if (fchdir(root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
 	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) {
 		slurm_error(LOG_PREFIX "cannot enter the container: %s", strerror(errno));
 		goto out;
 	}
+	close_fd(&root);
+	close_fd(&stepdir);
+	close_fd(&cache);
+	if ((root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		slurm_error(LOG_PREFIX "cannot open the container's root: %s", strerror(errno));
+		goto out;
+	}
 	for (size_t i = 0; i < n; i++)
-		if (attach_tree(&trees[i]) < 0)
+		if (attach_tree(&trees[i], root) < 0)
 			goto out;
 	/*
 	 * Slurm changes to the job's directory after this hook (falling back to
@@ -805,9 +1170,9 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	 * --container-workdir: both are made for the user in the writable layer
 	 * when the image lacks them, as a Dockerfile's WORKDIR would be.
 	 */
-	make_user_dir(cwd);
+	make_user_dir(root, cwd);
 	if (args.workdir)
-		make_user_dir(args.workdir);
+		make_user_dir(root, args.workdir);
 	/* Nothing in the image (setuid files, file capabilities) may raise privileges. */
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
 		slurm_error(LOG_PREFIX "cannot set no_new_privs: %s", strerror(errno));
@@ -816,8 +1181,12 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	rc = 0;
 out:
 	for (size_t i = 0; i < n; i++)
-		if (trees[i].fd >= 0)
-			close(trees[i].fd);
+		close_fd(&trees[i].fd);
+	close_fd(&root);
+	close_fd(&stepdir);
+	close_fd(&cache);
+	/* Nothing of the cache stays open in the task. */
+	close_fd(&cache_fd);
 	return rc;
 }
 
@@ -839,10 +1208,32 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 
 static void remove_job_containers(uint32_t jobid)
 {
-	char path[CONFIG_PATH_MAX + 32];
+	char rel[32];
 
-	snprintf(path, sizeof(path), "%s/jobs/%u", config.cache, jobid);
-	remove_tree(path);
+	if (cache_fd < 0 && (cache_fd = open_cache()) < 0) {
+		slurm_error(LOG_PREFIX "%s", step.error);
+		return;
+	}
+	snprintf(rel, sizeof(rel), "jobs/%u", jobid);
+	remove_tree(cache_fd, rel);
+}
+
+/* The step's root, unmounted through a descriptor of it. */
+static void unmount_root(void)
+{
+	char rel[sizeof(step.rel) + 8], self[32];
+	int fd;
+
+	snprintf(rel, sizeof(rel), "%s/root", step.rel);
+	fd = open2(cache_fd, rel, O_PATH | O_DIRECTORY, 0, RESOLVE_CACHE);
+	if (fd < 0) {
+		slurm_error(LOG_PREFIX "cannot unmount %s/%s: %s", config.cache, rel, strerror(errno));
+		return;
+	}
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+	if (umount2(self, MNT_DETACH) < 0)
+		slurm_error(LOG_PREFIX "cannot unmount %s/%s: %s", config.cache, rel, strerror(errno));
+	close(fd);
 }
 
 int slurm_spank_exit(spank_t sp, int ac, char **av)
@@ -858,13 +1249,13 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 	if (spank_get_item(sp, S_JOB_STEPID, &stepid) == ESPANK_SUCCESS &&
 	    stepid == SLURM_EXTERN_CONT && spank_get_item(sp, S_JOB_ID, &jobid) == ESPANK_SUCCESS)
 		remove_job_containers(jobid);
-	if (!step.enabled)
+	if (!step.enabled || cache_fd < 0)
 		return 0;
-	if (step.mounted && umount2(step.root, MNT_DETACH) < 0)
-		slurm_error(LOG_PREFIX "cannot unmount %s: %s", step.root, strerror(errno));
+	if (step.mounted)
+		unmount_root();
 	step.mounted = 0;
-	if (!step.named)
-		remove_tree(step.step_dir);
+	if (!step.named && step.rel[0])
+		remove_tree(cache_fd, step.rel);
 	return 0;
 }
 
