@@ -123,6 +123,9 @@ class ImageSet:
     prometheus: Image
     # BusyBox with a marker os-release: what the container-job tests run in.
     container_test: Image
+    # BusyBox whose /etc/passwd is a script, and a link to /proc/1/root: the
+    # container cache's attack tests.
+    container_poisoned: Image
     # Debian's OpenLDAP slapd: the slurm chart's in-chart directory (docs/identity.md).
     ldap: Image
     coredns: Image | None = None
@@ -229,6 +232,13 @@ def _specs(coredns: Path | None) -> list[_Spec]:
             "dockerfile",
             (Path("testbed/images/container-test"),),
             Path("testbed/images/container-test/Dockerfile"),
+        ),
+        _Spec(
+            "container_poisoned",
+            "sunk/container-poisoned",
+            "dockerfile",
+            (Path("testbed/images/container-poisoned"),),
+            Path("testbed/images/container-poisoned/Dockerfile"),
         ),
         # Kubernetes' own pause image runs as this user too.
         _Spec(
