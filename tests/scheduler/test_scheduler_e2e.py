@@ -56,7 +56,7 @@ from sunk.slurm.client import SlurmClient
 from sunk.slurm.models import Job
 from sunk.slurm.view import SlurmView
 from sunk_testbed import slurmpods
-from sunk_testbed.slurm_cluster import SlurmCommandError
+from sunk_testbed.slurm_cluster import PLAIN_UID, PLAIN_USER, SlurmCommandError
 
 pytestmark = pytest.mark.e2e
 
@@ -66,9 +66,10 @@ KILL_WAIT = 10
 # nodes, and submits, signals and cancels each job as its tenant.
 SCHEDULER_USER = "bin"
 SEAL = JobSeal(b"the scheduler e2e's job seal....", SCHEDULER_USER)
-# Its tenant's jobs run as nobody: a uid of at least 1000 that the slurm image
-# and the test bed's root filesystem both know.
-TENANT_UID = 65534
+# Its tenant's jobs run as the bed's plain user: the Slurm sandboxes' passwd
+# has it, and the slurmd pods add it to theirs (as the chart's static users
+# reach its pods). Not nobody: that uid is reserved, never a tenant's.
+TENANT_USER, TENANT_UID = PLAIN_USER, PLAIN_UID
 
 
 def tenancy(namespace: str) -> Tenancy:
@@ -150,8 +151,15 @@ async def sched_bed(kubelet_nodes: RealNodes, kube: AsyncClient) -> AsyncIterato
             body = slurmpods.slurmd_pod(
                 name, ns, port, image=bed.image, node=node, cpus=2, feature="k8s"
             )
-            command = body["spec"]["containers"][0]["command"]
+            slurmd_container = body["spec"]["containers"][0]
+            command = slurmd_container["command"]
             command[-1] += " Gres=gpu:2"
+            add_tenant = (
+                f"echo '{TENANT_USER}:x:{TENANT_UID}:{TENANT_UID}::/tmp:/bin/sh' >> /etc/passwd"
+                f" && echo '{TENANT_USER}:x:{TENANT_UID}:' >> /etc/group"
+                ' && exec "$0" "$@"'
+            )
+            slurmd_container["command"] = ["sh", "-c", add_tenant, *command]
             await create(kube, slurmpods.owned(body, owner))
             slurmd[name] = node
 
@@ -520,7 +528,7 @@ async def test_scancel_evicts_the_pod(kube: AsyncClient, sched_bed: SchedBed) ->
         job_id = job_of(await get_pod(kube, sb, "victim"))
         # The tenant's own job, asked with the tenant's token: an allocation (it
         # runs as the token's user), by a scheduler with no Slurm privilege.
-        assert (await sb.job_fields(job_id))["UserId"] == f"nobody({TENANT_UID})"
+        assert (await sb.job_fields(job_id))["UserId"] == f"{TENANT_USER}({TENANT_UID})"
         assert process.jobs_of_kind("allocation") == 1
         await sb.aslurm("scancel", job_id)
         started = asyncio.get_running_loop().time()
@@ -764,7 +772,9 @@ async def test_an_orphan_job_is_cancelled(kube: AsyncClient, sched_bed: SchedBed
     key = f"{sb.bed.namespace}/00000000-0000-0000-0000-000000000000"
     submit = ("-p", "k8s", "--chdir=/tmp", "-o", "/dev/null", "--wrap", "sleep 600")
     # The tenant's job, as the scheduler would have submitted it: it ends it as the tenant.
-    orphan = await sbatch(sb, f"--comment={SEAL.comment(key, TENANT_UID)}", *submit, user="nobody")
+    orphan = await sbatch(
+        sb, f"--comment={SEAL.comment(key, TENANT_UID)}", *submit, user=TENANT_USER
+    )
     lookalike = await sbatch(sb, f"--comment=sunk:{key}", *submit)
     try:
         async with scheduling(kube, sb):
