@@ -104,7 +104,12 @@ async def test_a_job_comment_in_any_script_leaves_the_scheduler_running(
         assert deleted.returncode == 0, deleted.stderr
         restarted = time.monotonic()
         await kube.create(tenant_pod(info, "after-restart"))
-        after = await bound_job(kube, "after-restart", within=30)
+        try:
+            after = await bound_job(kube, "after-restart", within=30)
+        except AssertionError:
+            logs = kubectl(cluster, "logs", "-n", "slurm", "deploy/sunk-scheduler", "--tail=60")
+            pods = kubectl(cluster, "get", "pods", "-n", "slurm", "-o", "wide")
+            raise AssertionError(f"{pods.stdout}\n{logs.stdout}{logs.stderr}") from None
         print(f"a new pod placed {time.monotonic() - restarted:.1f}s after the deletion")
         assert after != before
         assert all(restarts == 0 for restarts in scheduler_pods(cluster).values())
