@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -86,16 +85,19 @@ def test_slurmd_pods_hold_only_the_login_pods_public_keys_trusted_for_their_name
     secrets = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
     assert "slurm-ssh-host-keys" not in secrets
     assert "slurm-login-ssh-public-keys" in secrets
-    # The login ed25519 key's base64 body, looked for in every file the
-    # container has outside /proc and /sys.
-    body = "".join(private["ssh_host_ed25519_key"].decode().splitlines()[1:-1])[:60]
-    found = kubectl(
-        cluster, *IN_SLURMD, "sh", "-c",
-        f"grep -rlsF --exclude-dir=sunk-containers {shlex.quote(body)}"
-        " /etc /run /var /tmp /root /home 2>/dev/null; true",
-    )  # fmt: skip
+    # Every private key file the container has (outside /proc, /sys and the
+    # container jobs' images), by its public half: none is a login pod's.
+    find_keys = (
+        "grep -rlsF --exclude-dir=sunk-containers -- 'PRIVATE KEY-----'"
+        " /etc /run /var /tmp /root /home | while read -r f; do"
+        ' t=$(mktemp); cat "$f" > "$t"; ssh-keygen -y -f "$t" </dev/null; rm -f "$t"; done'
+    )
+    found = kubectl(cluster, *IN_SLURMD, "sh", "-c", find_keys)
     assert found.returncode == 0, found.stderr
-    assert found.stdout.strip() == ""
+    held = {" ".join(line.split()[:2]) for line in found.stdout.splitlines() if line.strip()}
+    assert held, found.stderr  # its own host keys at least
+    logins = {_public(key, tmp_path) for key in private.values()}
+    assert held.isdisjoint(logins), held & logins
 
     known = kubectl(cluster, *IN_SLURMD, "cat", "/etc/ssh/ssh_known_hosts")
     assert known.returncode == 0, known.stderr
@@ -277,14 +279,16 @@ def test_the_gpu_plugin_sees_only_the_kubelet_directories_it_writes_sockets_in(
     ]
     assert pods
     pod = pods[0]
+    listing = (
+        "import json, os; print(json.dumps([sorted(os.listdir(d)) for d in"
+        " ('/kubelet', '/kubelet/plugins', '/kubelet/plugins/sunk.dev')]))"
+    )
     seen = kubectl(
         cluster, "-n", pod["metadata"]["namespace"], "exec", pod["metadata"]["name"], "--",
-        "python3", "-c",
-        "import os; print(sorted(os.listdir('/kubelet')), sorted(os.listdir('/kubelet/plugins')),"
-        " sorted(os.listdir('/kubelet/plugins/sunk.dev')))",
+        "python3", "-c", listing,
     )  # fmt: skip
     assert seen.returncode == 0, seen.stderr
-    top, plugins, own = eval(seen.stdout)  # noqa: S307 - lists of names printed by Python
+    top, plugins, own = json.loads(seen.stdout)
     assert top == ["plugins", "plugins_registry"]
     assert plugins == ["sunk.dev"]
     assert "nvidia.com-gpu.sock" in own
