@@ -372,6 +372,80 @@ def test_sunks_components_use_the_tokens_minted_for_them_and_hold_no_key(cluster
     assert "tokens for 3 grants and 1 tenant uids written" in minted.stdout, minted.stdout[-2000:]
 
 
+def _as(cluster: Path, component: str, *args: str, input: str | None = None) -> str:
+    """kubectl as sunk's `component` ServiceAccount (impersonated by the admin),
+    dry run on the server: "" when admitted, else why not."""
+    account = f"system:serviceaccount:slurm:sunk-{component}"
+    done = kubectl(cluster, *args, "--dry-run=server", f"--as={account}", input=input)
+    return "" if done.returncode == 0 else done.stderr
+
+
+def test_the_components_run_under_policies_that_refuse_the_rest(cluster: Path) -> None:
+    """The chart's component policies are on in this cluster, whose slurmd pods
+    the operator made, whose nodes the syncer mirrors and whose pods the
+    scheduler places under them (every test of this module). Acting as each
+    ServiceAccount: a live slurmd pod, made again, passes the operator's
+    policy and the same pod mounting the JWT key does not; the syncer may
+    write its busy label on it, not its image; the scheduler may write a job
+    id on a tenant's pod naming it, not its image."""
+    names = kubectl(cluster, "get", "validatingadmissionpolicies", "-o", "name").stdout.split()
+    for policy in ("operator-pods", "operator-nodesets", "syncer-pods", "syncer-nodes",
+                   "scheduler-pods", "scheduler-bindings"):  # fmt: skip
+        assert f"validatingadmissionpolicy.admissionregistration.k8s.io/sunk-{policy}" in names
+    listed = kubectl(cluster, "-n", "slurm", "get", "pods", "-l", "sunk.dev/nodeset", "-o", "json")
+    slurmd = json.loads(listed.stdout)["items"][0]
+    name = slurmd["metadata"]["name"]
+    again = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-again",
+            "namespace": "slurm",
+            **{
+                k: v
+                for k, v in slurmd["metadata"].items()
+                if k in ("labels", "annotations", "ownerReferences")
+            },
+        },
+        "spec": slurmd["spec"],
+    }
+    create = ("create", "-f", "-", "-o", "name")
+    assert _as(cluster, "operator", *create, input=json.dumps(again)) == ""
+    jwt = {"name": "jwt", "secret": {"secretName": "slurm-jwt"}}
+    again["spec"] = {**slurmd["spec"], "volumes": [*slurmd["spec"]["volumes"], jwt]}
+    refused = _as(cluster, "operator", *create, input=json.dumps(again))
+    assert "spec.volumes: jwt: a Secret no slurmd pod mounts" in refused, refused
+
+    def patch(component: str, namespace: str, pod: str, body: dict[str, Any]) -> str:
+        return _as(cluster, component, "-n", namespace, "patch", "pod", pod, "-p", json.dumps(body))
+
+    busy = slurmd["metadata"]["labels"].get(LABEL_SLURM_BUSY, "false")
+    assert patch("syncer", "slurm", name, {"metadata": {"labels": {LABEL_SLURM_BUSY: busy}}}) == ""
+    image = {"spec": {"containers": [{"name": "slurmd", "image": "docker.io/library/busybox:1"}]}}
+    assert "spec: the syncer may not change a pod's spec" in patch("syncer", "slurm", name, image)
+
+    # A tenant's pod the scheduler refuses to place (uid 0 is never granted): it stays pending.
+    tenant = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "policy-probe", "annotations": {"sunk.dev/user-id": "0"}},
+        "spec": {
+            "schedulerName": "sunk-scheduler",
+            "containers": [{"name": "main", "image": "registry.invalid/app:1"}],
+        },
+    }
+    made = kubectl(cluster, "-n", "default", "create", "-f", "-", input=json.dumps(tenant))
+    assert made.returncode == 0, made.stderr
+    try:
+        job = {"metadata": {"annotations": {JOB_ID_ANNOTATION: "1"}}}
+        assert patch("scheduler", "default", "policy-probe", job) == ""
+        image["spec"]["containers"][0]["name"] = "main"
+        swapped = patch("scheduler", "default", "policy-probe", image)
+        assert "spec.containers: the scheduler may not change them" in swapped, swapped
+    finally:
+        kubectl(cluster, "-n", "default", "delete", "pod", "policy-probe", "--wait=false")
+
+
 def test_the_syncer_drains_under_its_own_slurm_name(cluster: Path) -> None:
     """The operator and the syncer act as Slurm Admins of their own (the slurm
     chart's `admins`, made by its hook), not as SlurmUser: a cordon's drain
