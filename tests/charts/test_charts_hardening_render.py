@@ -30,9 +30,7 @@ def render(helm: Helm, chart: str, *flags: str) -> list[dict[str, Any]]:
 
 
 def pod_spec(docs: list[dict[str, Any]], owner: str) -> dict[str, Any]:
-    [doc] = [
-        d for d in docs if d["metadata"]["name"] == owner and "template" in d.get("spec", {})
-    ]
+    [doc] = [d for d in docs if d["metadata"]["name"] == owner and "template" in d.get("spec", {})]
     spec: dict[str, Any] = doc["spec"]["template"]["spec"]
     return spec
 
