@@ -44,9 +44,23 @@ class Tried:
 _tried: dict[str, Tried] = {}
 
 
+# A full-size run of one property test may take minutes on two busy cores.
+FULL_TIMEOUT = 3600
+
+
+def _full(config: pytest.Config) -> bool:
+    return MARK in (config.getoption("markexpr", "") or "")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    full = MARK in (config.getoption("markexpr", "") or "")
-    settings.load_profile("fuzz" if full else "sample")
+    settings.load_profile("fuzz" if _full(config) else "sample")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _full(config):
+        for item in items:
+            if item.get_closest_marker(MARK) is not None:
+                item.add_marker(pytest.mark.timeout(FULL_TIMEOUT))
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
