@@ -303,13 +303,13 @@ def identity_of(pod: Pod, tenancy: Tenancy, source: str, options: Options) -> Id
     if user_id is not None and (user_id < MIN_ID or not grant.allows_uid(user_id)):
         raise InvalidPod(
             f"{ANNOTATION_USER_ID}: uid {user_id} is not granted to namespace {namespace} "
-            f"(uids {grant.uids}; never below {MIN_ID})"
+            f"(uids {grant.uids}; never below {MIN_ID}, never a reserved id)"
         )
     group_id = _int_annotation(annotations, ANNOTATION_GROUP_ID)
     if group_id is not None and (group_id < MIN_ID or not grant.allows_gid(group_id)):
         raise InvalidPod(
             f"{ANNOTATION_GROUP_ID}: gid {group_id} is not granted to namespace {namespace} "
-            f"(gids {grant.gids or 'none'}; never below {MIN_ID})"
+            f"(gids {grant.gids or 'none'}; never below {MIN_ID}, never a reserved id)"
         )
     chosen: dict[str, str | None] = {}
     for kind, annotation, fallback in (
