@@ -437,15 +437,19 @@ async def test_the_syncer_changes_only_its_mirror_and_lock_on_nodes(installed: I
                 current = await kube.get(Node, name)
                 assert current.metadata is not None
                 assert current.spec is not None
-                theirs = [
+                # In the order they stand, as the syncer writes them: the node
+                # controller's and the wanted ones that are there, then the rest.
+                keys = {w["key"] for w in wanted}
+                kept = [
                     t.to_dict()
                     for t in current.spec.taints or []
-                    if t.key.startswith("node.kubernetes.io/")
+                    if t.key.startswith("node.kubernetes.io/") or t.key in keys
                 ]
+                added = [w for w in wanted if w["key"] not in {t["key"] for t in kept}]
                 body = [
                     {"op": "test", "path": "/metadata/resourceVersion",
                      "value": current.metadata.resourceVersion},
-                    {"op": "replace", "path": "/spec/taints", "value": [*theirs, *wanted]},
+                    {"op": "replace", "path": "/spec/taints", "value": [*kept, *added]},
                 ]  # fmt: skip
                 got = await patch(body, kind=PatchType.JSON)
                 if "error in our request" not in got:  # the test op: changed meanwhile
