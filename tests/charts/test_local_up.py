@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, AsyncClient
-from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Pod
 
-from plugins.local_cluster import kubectl, poll_ssh, ssh, summary, sunk
+from plugins.local_cluster import kubectl, poll_ssh, ssh, summary, sunk, tenant_pod
 from plugins.slurm_pods import wait_for
 from sunk.api import TAINT_NODE_LOCK
 from sunk.syncer.decide import LABEL_SLURM_BUSY
@@ -89,24 +88,8 @@ def test_a_researcher_sees_idle_nodes_and_runs_a_batch_job(cluster: Path) -> Non
 async def place_through_slurm(
     cluster: Path, kube: AsyncClient, info: dict[str, Any], name: str
 ) -> None:
-    """A one-CPU pod in `default` (the namespace `sunk local up` grants) for
-    sunk-scheduler, waited for until it is bound."""
-    pod = Pod(
-        metadata=ObjectMeta(name=name, namespace="default"),
-        spec=PodSpec(
-            schedulerName="sunk-scheduler",
-            terminationGracePeriodSeconds=5,
-            containers=[
-                Container(
-                    name="main",
-                    image=info["images"]["sunk/slurm"],
-                    command=["sleep", "3600"],
-                    resources=ResourceRequirements(requests={"cpu": "1"}),
-                )
-            ],
-        ),
-    )
-    await kube.create(pod)
+    """`tenant_pod`, waited for until it is bound."""
+    await kube.create(tenant_pod(info, name))
     created = time.monotonic()
 
     async def bound() -> bool:

@@ -14,39 +14,18 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import ApiError, AsyncClient
-from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from plugins.local_cluster import kubectl, ssh, summary
+from plugins.local_cluster import kubectl, ssh, summary, tenant_pod
 from plugins.slurm_pods import wait_for
 from sunk_testbed.control_plane import async_client
 
 pytestmark = pytest.mark.e2e
 
 JOB_ID = "sunk.dev/slurm-job-id"
-
-
-def tenant_pod(info: dict[str, Any], name: str, annotations: dict[str, str] | None = None) -> Pod:
-    return Pod(
-        metadata=ObjectMeta(name=name, namespace="default", annotations=annotations),
-        spec=PodSpec(
-            schedulerName="sunk-scheduler",
-            terminationGracePeriodSeconds=5,
-            containers=[
-                Container(
-                    name="main",
-                    image=info["images"]["sunk/slurm"],
-                    command=["sleep", "3600"],
-                    resources=ResourceRequirements(requests={"cpu": "1"}),
-                )
-            ],
-        ),
-    )
 
 
 async def bound_job(kube: AsyncClient, name: str, within: float) -> str:

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Pod
 
 from sunk_testbed.bed import Bed
 from sunk_testbed.nodes import node_binaries_dir
@@ -71,6 +74,26 @@ def kubectl(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def tenant_pod(info: dict[str, Any], name: str, annotations: dict[str, str] | None = None) -> Pod:
+    """A one-CPU pod in `default` (the namespace `sunk local up` grants) for
+    sunk-scheduler, from the slurm image the nodes already hold."""
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace="default", annotations=annotations),
+        spec=PodSpec(
+            schedulerName="sunk-scheduler",
+            terminationGracePeriodSeconds=5,
+            containers=[
+                Container(
+                    name="main",
+                    image=info["images"]["sunk/slurm"],
+                    command=["sleep", "3600"],
+                    resources=ResourceRequirements(requests={"cpu": "1"}),
+                )
+            ],
+        ),
     )
 
 
