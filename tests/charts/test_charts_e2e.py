@@ -385,20 +385,21 @@ async def _fail_over_and_back(bed: ChartBed) -> None:
     def saved_at() -> int:
         return job_state.stat().st_mtime_ns if job_state.exists() else 0
 
-    proc = await bed.ssh("cd && sbatch --parsable --hold --wrap 'sleep 1'")
-    job = proc.stdout.strip().split(";")[0]
     # slurmctld writes its state in the background: a crash before that loses
     # what came since, in Slurm as anywhere. The failover is what is tested
     # here, so the job is on the shared volume first: a save that began after
     # the submit (a write already under way then may not hold the job), made
-    # sure of by a second change to the job once one save is seen.
-    for change in (None, f"scontrol update jobid={job} comment=saved"):
-        before = saved_at()
-        if change is not None:
-            await bed.ssh(change)
-        await charts.wait_until(
-            "slurmctld to save the job", lambda b=before: _newer(saved_at(), b), 30
-        )
+    # sure of by a second change to the job once one save is seen. Each mark
+    # is read before its change: slurmctld may save before ssh returns.
+    before = saved_at()
+    proc = await bed.ssh("cd && sbatch --parsable --hold --wrap 'sleep 1'")
+    job = proc.stdout.strip().split(";")[0]
+    await charts.wait_until("slurmctld to save the job", lambda b=before: _newer(saved_at(), b), 30)
+    before = saved_at()
+    await bed.ssh(f"scontrol update jobid={job} comment=saved")
+    await charts.wait_until(
+        "slurmctld to save the job's change", lambda b=before: _newer(saved_at(), b), 30
+    )
     primary_node = await _node_of(bed, f"{RELEASE}-slurmctld-0")
     nodes = bed.nodes
     # Powered off: its kubelet, containerd and every container on it stop at once.
