@@ -118,6 +118,63 @@ def test_a_directory_user_logs_in_runs_a_job_under_its_uid_and_is_refused_once_d
     assert running_slurm_pods(cluster) == before  # nothing restarted, nothing replaced
 
 
+def test_a_group_member_with_a_reserved_uid_is_not_taken_and_the_log_names_the_rule(
+    cluster: Path,
+) -> None:
+    """A directory group (every group is an account on the local cluster)
+    naming a member whose uid is sunk-operator's Admin uid (64040), beside one
+    in the directory range: the accounts loop beside slurmdbd makes the
+    account with the one in range only and logs the other's refusal, naming
+    the range and the reserved ids (nslcd's filters hide the entry, so the
+    loop names every rule that hides one)."""
+    group, gid = "mixed", 2400
+    users = (("mallory", 64040), ("trent", 2401))
+    _directory(
+        cluster,
+        "ldapadd",
+        "".join(
+            f"dn: uid={name},ou=people,{BASE}\nobjectClass: account\nobjectClass: posixAccount\n"
+            f"uid: {name}\ncn: {name}\nuidNumber: {uid}\ngidNumber: {gid}\n"
+            "homeDirectory: /tmp\nloginShell: /bin/bash\n\n"
+            for name, uid in users
+        )
+        + f"dn: cn={group},ou=groups,{BASE}\nobjectClass: posixGroup\n"
+        f"cn: {group}\ngidNumber: {gid}\nmemberUid: mallory\nmemberUid: trent\n",
+    )
+    try:
+        poll_ssh(
+            cluster,
+            f"sacctmgr -n -P show association account={group} format=account,user",
+            lambda out: f"{group}|trent" in out.split(),
+            60,
+        )
+        associations = ssh(cluster, f"sacctmgr -n -P show association account={group} format=user")
+        assert "mallory" not in associations.split(), associations
+        pod = kubectl(
+            cluster, "get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=slurmdbd",
+            "-o", "jsonpath={.items[0].metadata.name}",
+        ).stdout  # fmt: skip
+        logs = kubectl(cluster, "logs", "-n", NAMESPACE, pod, "-c", "directory-accounts").stdout
+        told = [line for line in logs.splitlines() if "member mallory not taken" in line]
+        assert len(told) == 1, logs[-3000:]  # once, not every pass
+        assert told[0].startswith(f"group {group}: member mallory not taken: "), told
+        for rule in ("identity.ldap.minUid..maxUid (1000-59999)", "identity.reservedIds"):
+            assert rule in told[0], told
+    finally:
+        _directory(
+            cluster,
+            "ldapdelete",
+            "".join(f"uid={name},ou=people,{BASE}\n" for name, _ in users)
+            + f"cn={group},ou=groups,{BASE}\n",
+        )
+    poll_ssh(
+        cluster,
+        f"sacctmgr -n -P show account {group} format=account",
+        lambda out: not out.strip(),
+        60,
+    )
+
+
 def _the_directory_group_is_an_account(cluster: Path, key: Path) -> None:
     """`identity.ldap.accounts` (every group, every 5 s on the local cluster):
     the group is an account of sunk's marking, its member has an association

@@ -73,12 +73,16 @@ def test_accounts_and_associations_people_made_are_never_touched() -> None:
 
 
 def test_groups_and_members_come_from_getent_including_primary_groups() -> None:
-    group = "research:*:3000:alice,bob\nml:*:3001:\nstaff:*:3002:carol\n"
-    passwd = "dave:x:2000:3001:Dave:/home/dave:/bin/bash\neve:x:2001:9999::/home/eve:/bin/sh\n"
+    group = "research:*:3000:alice,bob\nml:*:3001:\nstaff:*:3002:carol,ghost\n"
+    passwd = (
+        "dave:x:2000:3001:Dave:/home/dave:/bin/bash\neve:x:2001:9999::/home/eve:/bin/sh\n"
+        "alice:x:2002:3000::/home/alice:/bin/sh\nbob:x:2003:3000::/home/bob:/bin/sh\n"
+        "carol:x:2004:3002::/home/carol:/bin/sh\n"
+    )
     assert da.parse_groups(group, passwd, []) == {
         "research": {"alice", "bob"},
         "ml": {"dave"},
-        "staff": {"carol"},
+        "staff": {"carol"},  # ghost does not resolve: no one's
     }
     assert da.parse_groups(group, passwd, ["ml"]) == {"ml": {"dave"}}
 
@@ -135,6 +139,72 @@ def test_reserved_and_out_of_range_ids_and_local_accounts_are_never_members() ->
     )
     groups = da.parse_groups(group, passwd, [], ids, ["root", "slurm", "sunk-operator"])
     assert groups == {"research": {"alice", "trudy"}}
+
+
+def test_each_member_left_out_is_told_naming_the_rule() -> None:
+    ids = da.IdRange(1000, 59999, frozenset({64030, 64040, 65534}))
+    group = (
+        "research:*:3000:alice,slurm,mallory,ghost,oscar,peggy\n"
+        "admins:*:64040:alice\n"
+        "high:*:70000:alice\n"
+        "other:*:3100:ghost\n"  # not chosen: not told
+    )
+    passwd = (
+        "alice:x:3001:3000::/home/alice:/bin/bash\n"
+        "mallory:x:64040:3000::/home/m:/bin/bash\n"
+        "oscar:x:3003:0::/home/o:/bin/bash\n"
+        "peggy:x:500:3000::/home/p:/bin/bash\n"
+    )
+    told = da.refusals(group, passwd, ["research", "admins", "high"], ids, ["root", "slurm"])
+    span = "identity.ldap.minUid..maxUid (1000-59999)"
+    reserved = "reserved (ids, admins, identity.reservedIds)"
+    assert told[:2] == [
+        "group research: member slurm not taken: a local account of the Slurm pods"
+        " (root, a daemon or an admin)",
+        f"group research: member mallory not taken: uid 64040 is {reserved}",
+    ]
+    assert told[2].startswith("group research: member ghost not taken: no directory user")
+    assert span in told[2]
+    assert told[3:] == [
+        f"group research: member oscar not taken: primary group 0 is root's or {reserved}",
+        f"group research: member peggy not taken: uid 500 is outside {span}",
+        f"group admins not taken: gid 64040 is {reserved}",
+        f"group high not taken: gid 70000 is outside {span}",
+    ]
+
+
+def test_a_refusal_is_printed_once_while_it_stands(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listing = {"group": "research:*:3000:alice,ghost\n"}
+    answers = {
+        ("sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"): "slurm\n",
+        ("getent", "-s", "ldap", "passwd"): "alice:x:3001:3000::/home/alice:/bin/bash\n",
+        ("getent", "-s", "files", "passwd"): "root:x:0:0:root:/root:/bin/bash\n",
+        ("sacctmgr", "-n", "-P", "show", "account", "format=account,organization"): (
+            f"research|{MARK}\n"
+        ),
+        ("sacctmgr", "-n", "-P", "show", "association", "format=account,user"): (
+            "research|\nresearch|alice\n"
+        ),
+    }
+
+    def run(argv: list[str]) -> str:
+        if argv == ["getent", "-s", "ldap", "group"]:
+            return listing["group"]
+        return str(answers[tuple(argv)])
+
+    monkeypatch.setattr(da, "run", run)
+    monkeypatch.setattr(da, "sacctmgr", lambda *args: None)
+    told: set[str] = set()
+    for _ in range(2):
+        da.sync([], None, told)
+    assert capsys.readouterr().out.count("member ghost not taken") == 1
+    listing["group"] = "research:*:3000:alice\n"  # gone: forgotten
+    da.sync([], None, told)
+    listing["group"] = "research:*:3000:alice,ghost\n"  # back: told again
+    da.sync([], None, told)
+    assert capsys.readouterr().out.count("member ghost not taken") == 1
 
 
 def test_the_settings_file_carries_the_directory_range(tmp_path: Path) -> None:

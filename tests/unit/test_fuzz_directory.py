@@ -5,8 +5,9 @@ group` output, as nslcd gives it from what a directory's admin wrote.
 Whatever the directory holds: the parsers raise nothing, no group with a gid
 outside the directory range or reserved becomes an account, no member is a
 local account (root, a daemon, an admin) or a user with a uid outside the
-range, a reserved one, or root's or a reserved primary group; and entries
-written out read back the same.
+range, a reserved one, or root's or a reserved primary group; every member a
+group names and the loop leaves out is told; and entries written out read
+back the same.
 """
 
 from __future__ import annotations
@@ -84,6 +85,25 @@ def test_the_parsers_never_raise(group_text: str, passwd_text: str, chosen: list
         assert group.name
         assert all(group.members)
     da.parse_groups(group_text, passwd_text, chosen, RANGE, LOCAL)
+    da.refusals(group_text, passwd_text, chosen, RANGE, LOCAL)
+
+
+@pytest.mark.fuzz
+@given(listings(), st.lists(names, max_size=2))
+def test_every_named_member_left_out_is_told(listing: tuple[str, str], chosen: list[str]) -> None:
+    """A chosen group's member that is not taken has a line naming it."""
+    group_text, passwd_text = listing
+    accounts = da.parse_groups(group_text, passwd_text, chosen, RANGE, LOCAL)
+    told = da.refusals(group_text, passwd_text, chosen, RANGE, LOCAL)
+    # A name listed twice is the last entry with an allowed gid, as the loop reads it.
+    taken = {g.name: g for g in da.parse_group(group_text) if RANGE.allows(g.gid)}
+    for group in taken.values():
+        if chosen and group.name not in chosen:
+            continue
+        for member in set(group.members) - accounts[group.name]:
+            assert any(
+                line.startswith(f"group {group.name}: member {member} not taken: ") for line in told
+            ), (group, member, told)
 
 
 @pytest.mark.fuzz
@@ -104,6 +124,7 @@ def test_no_account_or_member_has_an_id_the_directory_may_not_give(
         for member in members:
             assert member not in LOCAL
             assert member not in refused
+            assert any(u.name == member for u in listed)  # it resolves
             assert member
 
 

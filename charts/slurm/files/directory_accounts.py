@@ -8,10 +8,10 @@ group's `memberUid`s and the users whose primary group it is), read through
 NSS (`getent -s ldap`, the pod's nslcd, which lists in pages and filters out
 ids outside the directory range and reserved ones). It checks the same again:
 a group or user with a reserved id or one outside the range, and a member
-that is a local account (root, a daemon, an admin), are never taken. It
-changes only accounts it made,
-marked `Organization=sunk-directory`: an account of the same name that a
-person made, and people's associations anywhere else, are left alone. A
+that is a local account (root, a daemon, an admin), are never taken, and
+each one left out is logged once, naming the rule. It changes only accounts
+it made, marked `Organization=sunk-directory`: an account of the same name
+that a person made, and people's associations anywhere else, are left alone. A
 removal Slurm refuses (a job of that association still running) is tried
 again next pass; nothing here cancels a job.
 
@@ -157,8 +157,9 @@ def parse_groups(
 ) -> dict[str, set[str]]:
     """`getent group` and `getent passwd` output → chosen group → members
     (all groups when `chosen` is empty). A group whose gid `ids` does not
-    allow is left out; so is a member whose uid it does not allow or whose
-    primary gid is root's or reserved, and a `local` account (root, a
+    allow is left out; so is a member that does not resolve (`passwd_lines`
+    does not list it), one whose uid `ids` does not allow or whose primary
+    gid is root's or reserved, and a `local` account (root, a
     daemon, an admin: never a directory user's to give)."""
     ids = ids or IdRange()
     local = set(local)
@@ -166,17 +167,66 @@ def parse_groups(
     refused = {
         u.name for u in users if not ids.allows(u.uid) or u.gid == 0 or u.gid in ids.reserved
     } | local
+    # A member must resolve: a name nslcd hides (a reserved uid) is no one's.
+    taken = {u.name for u in users} - refused
     groups: dict[str, set[str]] = {}
     by_gid: dict[int, str] = {}
     for group in parse_group(group_lines):
         if (chosen and group.name not in chosen) or not ids.allows(group.gid):
             continue
-        groups[group.name] = {m for m in group.members if m not in refused}
+        groups[group.name] = {m for m in group.members if m in taken}
         by_gid[group.gid] = group.name
     for user in users:
-        if user.gid in by_gid and user.name not in refused:
+        if user.gid in by_gid and user.name in taken:
             groups[by_gid[user.gid]].add(user.name)
     return groups
+
+
+def refusals(
+    group_lines: str,
+    passwd_lines: str,
+    chosen: Sequence[str],
+    ids: IdRange | None = None,
+    local: Iterable[str] = (),
+) -> list[str]:
+    """Why each group or member that `parse_groups` leaves out is not taken,
+    one line each, naming the rule and the value that sets it. A member that
+    does not resolve at all is most often one nslcd's filters hid (a uid
+    outside the range or reserved): the directory's own entry is not
+    readable here, so the line names every rule that hides one."""
+    ids = ids or IdRange()
+    local = set(local)
+    users = {u.name: u for u in parse_passwd(passwd_lines)}
+    span = f"identity.ldap.minUid..maxUid ({ids.low}-{ids.high})"
+    why_reserved = "reserved (ids, admins, identity.reservedIds)"
+    lines = []
+    for group in parse_group(group_lines):
+        if chosen and group.name not in chosen:
+            continue
+        if not ids.allows(group.gid):
+            rule = why_reserved if group.gid in ids.reserved else f"outside {span}"
+            lines.append(f"group {group.name} not taken: gid {group.gid} is {rule}")
+            continue
+        for name in group.members:
+            user = users.get(name)
+            if name in local:
+                reason = "a local account of the Slurm pods (root, a daemon or an admin)"
+            elif user is None:
+                reason = (
+                    "no directory user of that name resolves: nslcd lists only users with"
+                    f" a uid in {span}, neither uid nor primary group reserved (ids, admins,"
+                    " identity.reservedIds), and a primary group other than root's"
+                )
+            elif user.uid in ids.reserved:
+                reason = f"uid {user.uid} is {why_reserved}"
+            elif not ids.allows(user.uid):
+                reason = f"uid {user.uid} is outside {span}"
+            elif user.gid == 0 or user.gid in ids.reserved:
+                reason = f"primary group {user.gid} is root's or {why_reserved}"
+            else:
+                continue
+            lines.append(f"group {group.name}: member {name} not taken: {reason}")
+    return list(dict.fromkeys(lines))
 
 
 def parse_table(text: str) -> list[list[str]]:
@@ -201,16 +251,22 @@ def sacctmgr(*args: str) -> None:
     print("done: sacctmgr " + " ".join(args), flush=True)
 
 
-def sync(chosen: Sequence[str], ids: IdRange | None = None) -> Plan:
+def sync(chosen: Sequence[str], ids: IdRange | None = None, told: set[str] | None = None) -> Plan:
+    """One pass. `told` holds the refusals already printed: each is printed
+    once while it stands, and again if it comes back after going."""
     if not run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]).strip():
         raise RuntimeError("slurmctld has not registered the cluster with slurmdbd yet")
-    groups = parse_groups(
-        run(["getent", "-s", "ldap", "group"]),
-        run(["getent", "-s", "ldap", "passwd"]),
-        chosen,
-        ids,
-        (user.name for user in parse_passwd(run(["getent", "-s", "files", "passwd"]))),
-    )
+    group_lines = run(["getent", "-s", "ldap", "group"])
+    passwd_lines = run(["getent", "-s", "ldap", "passwd"])
+    local = [user.name for user in parse_passwd(run(["getent", "-s", "files", "passwd"]))]
+    groups = parse_groups(group_lines, passwd_lines, chosen, ids, local)
+    refused = refusals(group_lines, passwd_lines, chosen, ids, local)
+    told = set() if told is None else told
+    for line in refused:
+        if line not in told:
+            print(line, flush=True)
+    told.intersection_update(refused)
+    told.update(refused)
     accounts = {
         row[0]: row[1]
         for row in parse_table(
@@ -269,6 +325,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     path = Path(sys.argv[1])
     said = None
+    told: set[str] = set()
     while True:
         chosen, interval = settings(path)
         if (chosen, interval) != said:
@@ -278,7 +335,7 @@ def main() -> None:
             )
             said = (chosen, interval)
         try:
-            sync(chosen, id_range(path))
+            sync(chosen, id_range(path), told)
         except (RuntimeError, subprocess.TimeoutExpired) as failed:
             # slurmdbd or nslcd not answering yet: the next pass reads again.
             print(f"pass skipped: {failed}", flush=True)
