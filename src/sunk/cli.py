@@ -124,14 +124,28 @@ def operator(
 
 @app.command()
 def tokens(
-    jwt_key: Annotated[
-        Path,
-        typer.Option("--jwt-key", envvar="SUNK_JWT_KEY_FILE", help="The cluster's HS256 jwt key."),
-    ],
     grant: Annotated[
         list[str],
         typer.Option(help="SECRET=SLURM_USER: keep a token for SLURM_USER in Secret SECRET."),
     ],
+    jwt_key: Annotated[
+        Path | None,
+        typer.Option("--jwt-key", envvar="SUNK_JWT_KEY_FILE", help="The cluster's HS256 jwt key."),
+    ] = None,
+    signing_keys: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory of RS256 keys, <kid>.pem (a mounted Secret): sign with the newest "
+            "one Slurm takes (instead of --jwt-key)."
+        ),
+    ] = None,
+    slurmrestd: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SUNK_SLURMRESTD_URL",
+            help="slurmrestd, to ask whether Slurm takes a newer key before signing with it.",
+        ),
+    ] = None,
     namespace: Annotated[
         str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Secrets.")
     ] = "default",
@@ -170,6 +184,8 @@ def tokens(
         raise typer.BadParameter(str(error)) from None
     if (tenant_tokens is None) != (tenancy_configmap is None):
         raise typer.BadParameter("--tenant-tokens and --tenancy-configmap go together")
+    if (jwt_key is None) == (signing_keys is None):
+        raise typer.BadParameter("give either --jwt-key or --signing-keys")
     from sunk.slurm.auth import MAX_TOKEN_LIFETIME
 
     if not 0 < lifetime <= MAX_TOKEN_LIFETIME:
@@ -185,6 +201,8 @@ def tokens(
             owner_service_account,
             tenant_tokens,
             tenancy_configmap,
+            signing_keys,
+            slurmrestd,
         )
     )
 

@@ -43,14 +43,14 @@ async def test_a_token_secret_is_created_then_replaced_and_owned(
     await kube.create(ServiceAccount(metadata=ObjectMeta(name="tokens", namespace=namespace)))
     owner = await owner_of_tokens(kube, namespace, "tokens")
     grant = TokenGrant("syncer-token", "sunk-syncer")
-    await write_token(kube, namespace, grant, StaticKey(KEY), 3600, owner)
+    await write_token(kube, namespace, grant, KEY, 3600, owner)
     first = await kube.get(Secret, "syncer-token", namespace=namespace)
     assert token_of(first)["sun"] == "sunk-syncer"
     assert first.metadata is not None
     assert [(o.kind, o.name, o.uid) for o in first.metadata.ownerReferences or []] == [
         ("ServiceAccount", "tokens", owner.uid)
     ]
-    await write_token(kube, namespace, grant, StaticKey(KEY), 7200, owner)  # the refresh
+    await write_token(kube, namespace, grant, KEY, 7200, owner)  # the refresh
     second = await kube.get(Secret, "syncer-token", namespace=namespace)
     claims = token_of(second)
     assert claims["exp"] - claims["iat"] == 7200  # type: ignore[operator]

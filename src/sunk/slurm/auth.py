@@ -1,10 +1,12 @@
-"""Tokens for slurmrestd: HS256 JWTs minted from the cluster's jwt key.
+"""Tokens for slurmrestd: JWTs minted from the cluster's keys.
 
-slurmctld accepts any token signed with its `jwt_key` that carries `iat`,
-`exp` and `sun` (the Slurm user name), so sunk mints its own short-lived
-tokens instead of asking `scontrol token` (which would need munge). The key
-comes from a `KeySource`: a file in the test bed, a Kubernetes Secret later;
-only the source changes.
+slurmctld accepts any token that carries `iat`, `exp` and `sun` (the Slurm
+user name) and is signed with its `jwt_key` (HS256) or with the private half
+of an RS256 key its JWKS lists, found by the token's `kid`. So sunk mints its
+own short-lived tokens instead of asking `scontrol token` (which would need
+munge). A key comes from a `KeySource`: an HS256 key (bytes) or a
+`SigningKey` (RS256, with its kid); `KeyDirectory` reads the RS256 keys of a
+mounted Secret, one `<kid>.pem` each.
 
 Tokens never appear in logs, reprs or exception messages: they are held in
 `Token`, whose repr shows the user and expiry only.
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Protocol
 
 import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,63 @@ class Token:
         return repr(self)
 
 
-class KeySource(Protocol):
-    """Where the HS256 key comes from (a file, a Kubernetes Secret, ...)."""
+@dataclass(frozen=True)
+class SigningKey:
+    """An RS256 private key (PEM) and its id, which tokens name in their `kid`
+    header: slurmctld verifies them with the public key of that id in its JWKS."""
 
-    async def key(self) -> bytes: ...
+    kid: str
+    pem: bytes = field(repr=False)
+    private: rsa.RSAPrivateKey = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pem(cls, kid: str, pem: bytes) -> SigningKey:
+        """Loaded once, here: a file that is no RSA private key fails now, naming
+        the kid, not at the first mint."""
+        try:
+            private = serialization.load_pem_private_key(pem, password=None)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"key {kid}: not an unencrypted PEM private key") from error
+        if not isinstance(private, rsa.RSAPrivateKey):
+            raise ValueError(f"key {kid}: not an RSA key (RS256 needs one)")
+        return cls(kid, pem, private)
+
+
+# An HS256 key (the bytes slurmctld's jwt_key file holds) or an RS256 one.
+Key = bytes | SigningKey
+
+
+class KeySource(Protocol):
+    """Where the key comes from (a file, a Kubernetes Secret, ...)."""
+
+    async def key(self) -> Key: ...
+
+
+KEY_SUFFIX = ".pem"
+
+
+@dataclass(frozen=True)
+class KeyDirectory:
+    """The RS256 keys of a mounted Secret, one `<kid>.pem` file each, read at
+    every call (a kubelet replaces the files when the Secret changes). Kids
+    sort by age: the keys hook and the rotation steps name keys by their UTC
+    creation time, so the last is the newest."""
+
+    path: Path
+
+    async def keys(self) -> list[SigningKey]:
+        def read() -> list[SigningKey]:
+            # A Secret volume's own entries (..data, ..2026_...) start with a dot.
+            files = sorted(
+                f
+                for f in self.path.iterdir()
+                if f.name.endswith(KEY_SUFFIX) and not f.name.startswith(".")
+            )
+            return [
+                SigningKey.from_pem(f.name.removesuffix(KEY_SUFFIX), f.read_bytes()) for f in files
+            ]
+
+        return await asyncio.to_thread(read)
 
 
 @dataclass(frozen=True)
@@ -77,14 +134,19 @@ class Credentials(Protocol):
 MAX_TOKEN_LIFETIME = 86400
 
 
-def mint(key: bytes, user: str, lifetime: float, now: float) -> Token:
+def mint(key: Key, user: str, lifetime: float, now: float) -> Token:
     """One signed token for `user`, valid from `now` for `lifetime` seconds
-    (at most MAX_TOKEN_LIFETIME: ValueError beyond)."""
+    (at most MAX_TOKEN_LIFETIME: ValueError beyond): HS256 with an HS256 key,
+    RS256 naming the key's kid with a SigningKey."""
     if not lifetime <= MAX_TOKEN_LIFETIME:
         raise ValueError(f"a token lives at most {MAX_TOKEN_LIFETIME}s, not {lifetime}s")
     issued = int(now)
     expires = issued + max(1, int(lifetime))
-    value = jwt.encode({"iat": issued, "exp": expires, "sun": user}, key, algorithm="HS256")
+    claims = {"iat": issued, "exp": expires, "sun": user}
+    if isinstance(key, SigningKey):
+        value = jwt.encode(claims, key.private, algorithm="RS256", headers={"kid": key.kid})
+    else:
+        value = jwt.encode(claims, key, algorithm="HS256")
     return Token(user=user, expires_at=float(expires), value=value)
 
 
