@@ -225,6 +225,7 @@ def cluster_values(
         "slurm": {
             "restapiUrl": f"http://{release}-slurmrestd:{RESTAPI_PORT}",
             "jwtSecret": f"{release}-jwt",
+            "jwtSigningSecret": f"{release}-jwt-signing",
             "namespace": namespace,
             "topologyConfigMap": f"{release}-topology",
         },

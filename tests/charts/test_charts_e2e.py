@@ -325,7 +325,9 @@ async def test_a_config_change_reaches_slurm_without_restarting_any_pod(bed: Cha
         "compute-ssh-host-keys",
         "compute-ssh-public-keys",  # the public halves, for the login pods
         "db",
+        "jwks",  # the public halves of the signing keys, for slurmctld and slurmdbd
         "jwt",
+        "jwt-signing",
         "login-ssh-public-keys",  # for the compute pods
         "munge",
         "ssh-host-keys",

@@ -114,18 +114,20 @@ def test_pam_slurm_adopt_refuses_what_it_cannot_adopt(helm: Helm) -> None:
 def test_the_keys_hook_may_read_and_update_only_its_own_secrets_and_fails_at_once(
     helm: Helm,
 ) -> None:
-    """The keys hook's Role: get of the names it makes and the host-key
-    Secrets it derives public keys from (a brought one too), update of the
-    public-key Secrets only; a refusal (exit 3) fails its Job with no retry.
+    """The keys hook's Role: get of the names it makes and the host-key and
+    signing-key Secrets it derives public keys from (a brought one too),
+    update of the public-key Secrets and the JWKS only; a refusal (exit 3)
+    fails its Job with no retry.
     The refusal itself runs on the local cluster
     (test_local_up_hardening.py)."""
     docs = render(helm, "slurm", "--set=login.existingHostKeysSecret=mine")
     [role] = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "rel-keys"]
     by_verb = {tuple(r["verbs"]): set(r.get("resourceNames", [])) for r in role["rules"]}
-    public = {"rel-login-ssh-public-keys", "rel-compute-ssh-public-keys"}
+    public = {"rel-login-ssh-public-keys", "rel-compute-ssh-public-keys", "rel-jwks"}
     assert by_verb[("update",)] == public
     assert by_verb[("get",)] == {
-        "rel-munge", "rel-jwt", "rel-db", "rel-compute-ssh-host-keys", "mine", *public,
+        "rel-munge", "rel-jwt", "rel-jwt-signing", "rel-db", "rel-compute-ssh-host-keys",
+        "mine", *public,
     }  # fmt: skip
     assert by_verb[("create",)] == set()
     [job] = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "rel-keys"]

@@ -115,18 +115,21 @@ def test_a_render_is_the_same_every_time_and_holds_no_key(helm: Helm) -> None:
     assert made == [
         "rel-munge munge",
         "rel-jwt jwt",
+        "rel-jwt-signing jwt-signing",  # the RS256 keys sunk tokens signs with
         "rel-db db",
         "rel-ssh-host-keys ssh-host",
         "rel-compute-ssh-host-keys ssh-host",  # sshd of the compute pods (slurmd.ssh)
-        # The public halves, for the peers: derived from the private ones.
+        # The public halves, for the peers and Slurm: derived from the private ones.
         "rel-login-ssh-public-keys ssh-public rel-ssh-host-keys",
         "rel-compute-ssh-public-keys ssh-public rel-compute-ssh-host-keys",
+        "rel-jwks jwks rel-jwt-signing",
     ]
     assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == [m.split()[0] for m in made]
     given = [
         "--set=munge.existingSecret=my-munge",
         "--set=login.existingHostKeysSecret=my-host-keys",
         "--set=slurmd.ssh.existingHostKeysSecret=my-compute-host-keys",
+        "--set=jwt.existingSigningSecret=my-signing-keys",
     ]
     docs = [d for d in yaml.safe_load_all(helm.run(["template", "rel", chart, *given])) if d]
     made = hook_env(docs, "rel-keys")["KEYS"].splitlines()
@@ -135,9 +138,11 @@ def test_a_render_is_the_same_every_time_and_holds_no_key(helm: Helm) -> None:
         "rel-db db",
         "rel-login-ssh-public-keys ssh-public my-host-keys",
         "rel-compute-ssh-public-keys ssh-public my-compute-host-keys",
+        "rel-jwks jwks my-signing-keys",
     ]
     assert hook_env(docs, "rel-uninstall")["KEY_SECRETS"].split() == [
         "rel-jwt", "rel-db", "rel-login-ssh-public-keys", "rel-compute-ssh-public-keys",
+        "rel-jwks",
     ]  # fmt: skip
 
 
@@ -187,7 +192,7 @@ def test_only_the_tokens_pod_holds_the_jwt_key(helm: Helm) -> None:
                 v["secret"]["secretName"] for v in volumes if "secret" in v
             ]
     assert mounts == {
-        "rel-tokens": ["slurm-jwt"],
+        "rel-tokens": ["slurm-jwt-signing"],
         "rel-operator": ["rel-operator-token"],
         "rel-syncer": ["rel-syncer-token"],
         "rel-scheduler": ["rel-scheduler-token", "rel-scheduler-tenant-tokens"],
@@ -263,6 +268,9 @@ CAN_I = [
     ("scheduler", "update", "leases", "home", "sunk-scheduler", True),
     ("tokens", "update", "secrets", "home", "{release}-syncer-token", True),
     ("tokens", "update", "secrets", "home", "slurm-jwt", False),
+    ("tokens", "update", "secrets", "home", "slurm-jwt-signing", False),
+    ("operator", "get", "secrets", "home", "slurm-jwt-signing", False),
+    ("scheduler", "get", "secrets", "home", "slurm-jwt-signing", False),
     ("tokens", "update", "secrets", "home", "{release}-scheduler-seal", False),
     ("tokens", "list", "secrets", "home", "", False),
     ("tokens", "get", "serviceaccounts", "home", "{release}-tokens", True),

@@ -148,8 +148,9 @@ def test_no_token_outlives_its_cap(helm: Helm, tmp_path: Path) -> None:
     docs = render(helm, "slurm", tmp_path, {})
     conf = configmap(docs, "rel-config")["slurm.conf"]
     assert (
-        "AuthAltParameters=jwt_key=/run/slurm-keys/jwt_hs256.key,max_token_lifespan=3600\n" in conf
-    )
+        "AuthAltParameters=jwt_key=/run/slurm-keys/jwt_hs256.key,"
+        "jwks=/etc/slurm-jwks/jwks.json,max_token_lifespan=3600\n"
+    ) in conf
     dbd = configmap(docs, "rel-slurmdbd")["slurmdbd.conf"]
     assert "max_token_lifespan=3600\n" in dbd
     values = {"jwt": {"maxTokenLifespan": 600, "disableTokenCreation": True}}

@@ -1,11 +1,12 @@
 #!/bin/sh
 # Runs beside slurmctld: when the files of /etc/slurm (a ConfigMap volume,
-# updated in place by the kubelet) change, the controller in charge runs
-# `scontrol reconfigure`. Slurm (23.11+) starts the new configuration in a
-# new slurmctld process and keeps the old one if the new one fails; every
+# updated in place by the kubelet) or the JWKS in /etc/slurm-jwks (a Secret
+# volume: the public keys of sunk's tokens) change, the controller in charge
+# runs `scontrol reconfigure`. Slurm (23.11+) starts the new configuration in
+# a new slurmctld process and keeps the old one if the new one fails; every
 # slurmd re-reads its configuration from the controller (configless).
 interval=${1:-2}
-digest() { cat /etc/slurm/* 2>/dev/null | md5sum; }
+digest() { cat /etc/slurm/* /etc/slurm-jwks/* 2>/dev/null | md5sum; }
 applied=$(digest)
 me=$(hostname)
 while sleep "$interval"; do

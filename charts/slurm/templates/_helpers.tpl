@@ -10,6 +10,10 @@
 {{- define "slurm.mariadb" -}}{{ include "slurm.fullname" . }}-mariadb{{- end -}}
 {{- define "slurm.mungeSecret" -}}{{ .Values.munge.existingSecret | default (printf "%s-munge" (include "slurm.fullname" .)) }}{{- end -}}
 {{- define "slurm.jwtSecret" -}}{{ .Values.jwt.existingSecret | default (printf "%s-jwt" (include "slurm.fullname" .)) }}{{- end -}}
+{{- /* The RS256 keys sunk tokens signs with (private, one <kid>.pem each), and
+  the JWKS of their public halves that slurmctld and slurmdbd read. */ -}}
+{{- define "slurm.jwtSigningSecret" -}}{{ .Values.jwt.existingSigningSecret | default (printf "%s-jwt-signing" (include "slurm.fullname" .)) }}{{- end -}}
+{{- define "slurm.jwksSecret" -}}{{ include "slurm.fullname" . }}-jwks{{- end -}}
 {{- define "slurm.dbSecret" -}}{{ .Values.accounting.database.existingSecret | default (printf "%s-db" (include "slurm.fullname" .)) }}{{- end -}}
 {{- define "slurm.hostKeysSecret" -}}{{ .Values.login.existingHostKeysSecret | default (printf "%s-ssh-host-keys" (include "slurm.fullname" .)) }}{{- end -}}
 {{- define "slurm.dbHost" -}}{{ .Values.accounting.database.external.host | default (include "slurm.mariadb" .) }}{{- end -}}
@@ -268,13 +272,17 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- end -}}
 
 {{/* The key Secrets the keys hook makes (those not given): "name kind" lines;
-  "name ssh-public SOURCE": the public halves of the host keys in SOURCE. */}}
+  "name ssh-public SOURCE": the public halves of the host keys in SOURCE;
+  "name jwks SOURCE": the JWKS of the RS256 keys in SOURCE. */}}
 {{- define "slurm.generatedKeys" -}}
 {{- if not .Values.munge.existingSecret }}
 {{ include "slurm.mungeSecret" . }} munge
 {{- end }}
 {{- if not .Values.jwt.existingSecret }}
 {{ include "slurm.jwtSecret" . }} jwt
+{{- end }}
+{{- if not .Values.jwt.existingSigningSecret }}
+{{ include "slurm.jwtSigningSecret" . }} jwt-signing
 {{- end }}
 {{- if and .Values.accounting.enabled (not .Values.accounting.database.existingSecret) }}
 {{ include "slurm.dbSecret" . }} db
@@ -292,6 +300,7 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{ include "slurm.loginPublicKeysSecret" . }} ssh-public {{ include "slurm.hostKeysSecret" . }}
 {{ include "slurm.computePublicKeysSecret" . }} ssh-public {{ include "slurm.computeHostKeysSecret" . }}
 {{- end }}
+{{ include "slurm.jwksSecret" . }} jwks {{ include "slurm.jwtSigningSecret" . }}
 {{- end -}}
 
 {{/* Whether the compute pods mount the job-scripts ConfigMap (prolog, epilog, health checks). */}}

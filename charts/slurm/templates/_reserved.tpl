@@ -11,10 +11,12 @@
 {{- join " " $out -}}
 {{- end -}}
 
-{{- /* slurm.conf's (and slurmdbd.conf's) AuthAltParameters: the key, and the
-  cap on `scontrol token` lifespans for users. */ -}}
+{{- /* slurm.conf's (and slurmdbd.conf's) AuthAltParameters: the HS256 key
+  (`scontrol token`'s; with jwks= set Slurm loads it only when named), the JWKS
+  that sunk's RS256 tokens verify against (by their kid), and the cap on
+  `scontrol token` lifespans for users. */ -}}
 {{- define "slurm.authAltParameters" -}}
-AuthAltParameters=jwt_key=/run/slurm-keys/jwt_hs256.key,max_token_lifespan={{ int .Values.jwt.maxTokenLifespan }}
+AuthAltParameters=jwt_key=/run/slurm-keys/jwt_hs256.key,jwks=/etc/slurm-jwks/jwks.json,max_token_lifespan={{ int .Values.jwt.maxTokenLifespan }}
 {{- if .Values.jwt.disableTokenCreation }},disable_token_creation{{ end }}
 {{- end -}}
 
