@@ -13,15 +13,15 @@ daemon, the real scheduler and `sunk tokens`; docs/security.md).
 - A directory of more than slapd's 500-entry size limit lists whole through
   nslcd (paged), where a plain search is cut at 500.
 - `scontrol token` gives a user no token living longer than the cap.
-- The JWT key rotates by docs/charts.md's steps.
+- sunk's signing key rotates by docs/charts.md's steps with no refused call.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -315,76 +315,158 @@ def _slurm_takes(cluster: Path, token: str) -> bool:
     return proc.returncode == 0
 
 
-def test_the_jwt_key_rotates_as_charts_md_says(cluster: Path, tmp_path: Path) -> None:
-    """The steps of docs/charts.md ("Rotating the JWT key"): the key replaced in
-    its Secret, slurmctld, slurmdbd and `sunk tokens` restarted. Tokens of the
-    old key are refused from then on; sunk's components work again once they
-    read the new tokens (the syncer drains a cordoned node under its name)."""
-    old = _token_of(cluster, f"{CLUSTER_RELEASE}-syncer-token")
-    assert _slurm_takes(cluster, old)
-    key = tmp_path / "jwt_hs256.key"
-    key.write_bytes(os.urandom(64))
-    patch = tmp_path / "patch.json"
-    patch.write_text(
-        json.dumps({"data": {"jwt_hs256.key": base64.b64encode(key.read_bytes()).decode()}})
-    )
-    started = time.monotonic()
-    steps = [
-        (
-            "patch",
-            "secret",
-            "-n",
-            NAMESPACE,
-            f"{RELEASE}-jwt",
-            "--type",
-            "merge",
-            "--patch-file",
-            str(patch),
-        ),
-        (
-            "rollout",
-            "restart",
-            "-n",
-            NAMESPACE,
-            f"statefulset/{RELEASE}-slurmctld",
-            f"deployment/{RELEASE}-slurmdbd",
-        ),
-        ("rollout", "restart", "-n", NAMESPACE, f"deployment/{CLUSTER_RELEASE}-tokens"),
-        (
-            "rollout",
-            "status",
-            "-n",
-            NAMESPACE,
-            f"statefulset/{RELEASE}-slurmctld",
-            "--timeout=300s",
-        ),
-        ("rollout", "status", "-n", NAMESPACE, f"deployment/{RELEASE}-slurmdbd", "--timeout=300s"),
-        (
-            "rollout",
-            "status",
-            "-n",
-            NAMESPACE,
-            f"deployment/{CLUSTER_RELEASE}-tokens",
-            "--timeout=300s",
-        ),
-    ]
-    for step in steps:
-        proc = kubectl(cluster, *step, timeout=320)
+def _kid(token: str) -> str:
+    header = json.loads(base64.urlsafe_b64decode(token.split(".")[0] + "=="))
+    assert header["alg"] == "RS256", header
+    kid: str = header["kid"]
+    return kid
+
+
+def _metrics(cluster: Path, component: str) -> dict[str, float]:
+    """The component's /metrics, read inside its pod (the sunk image's python)."""
+    read = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9090/metrics').read().decode())"
+    proc = kubectl(
+        cluster, "exec", "-n", NAMESPACE, f"deployment/{CLUSTER_RELEASE}-{component}", "--",
+        "python3", "-c", read, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    values = {}
+    for line in proc.stdout.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def _why(cluster: Path) -> str:
+    """What sunk tokens and slurmctld's reconfigure sidecar said, and the JWKS."""
+    out = []
+    for where in (
+        ("logs", f"deployment/{CLUSTER_RELEASE}-tokens", "--tail=40"),
+        ("logs", f"statefulset/{RELEASE}-slurmctld", "-c", "reconfigure", "--tail=20"),
+        ("get", "secret", f"{RELEASE}-jwks", "-o", "jsonpath={.data.jwks\\.json}"),
+    ):
+        proc = kubectl(cluster, "-n", NAMESPACE, *where)
+        out.append(f"{' '.join(where)}:\n{proc.stdout}{proc.stderr}")
+    return "\n".join(out)
+
+
+def _upgrade_slurm(cluster: Path) -> None:
+    """Step 2 (and 4) of docs/charts.md: the keys hook writes the JWKS, the
+    reconfigure sidecar has slurmctld load it; slurmdbd reads it at start."""
+    _helm(cluster).upgrade_install(
+        RELEASE, "slurm", NAMESPACE, _values(cluster, "slurm-values.yaml"),
+        values_file=cluster / "cluster" / "slurm-values-rotation.yaml", timeout="8m",
+    )  # fmt: skip
+    for step in (
+        ("rollout", "restart", f"deployment/{RELEASE}-slurmdbd"),
+        ("rollout", "status", f"deployment/{RELEASE}-slurmdbd", "--timeout=300s"),
+    ):
+        proc = kubectl(cluster, "-n", NAMESPACE, *step, timeout=320)
         assert proc.returncode == 0, f"{step}: {proc.stderr}"
-    print(f"key replaced, readers restarted: {time.monotonic() - started:.1f}s")
-    assert not _slurm_takes(cluster, old)
-    deadline = time.monotonic() + 120
-    while not _slurm_takes(cluster, new := _token_of(cluster, f"{CLUSTER_RELEASE}-syncer-token")):
-        assert time.monotonic() < deadline, "no token of the new key"
-        time.sleep(2)
-    assert new != old
-    # The syncer (its token file replaced by the kubelet) drains a cordon again.
+
+
+def test_the_jwt_key_rotates_as_charts_md_says(cluster: Path, tmp_path: Path) -> None:
+    """The steps of docs/charts.md ("Rotating the JWT key"), with no downtime:
+    a new RS256 key added beside the old one, `helm upgrade` (the JWKS with
+    both; slurmctld reconfigured, no restart), `sunk tokens` signing with the
+    new key once Slurm takes it, the old key removed and `helm upgrade` again.
+    Throughout, every token in the syncer's Secret is taken by slurmctld, and
+    sunk's components read Slurm without a refusal (no "Slurm view stale", the
+    syncer's view fresh at every look, its requests going on, no reconcile
+    error); afterwards a token of the old key is refused and the syncer
+    drains a cordoned node under its name."""
+    signing = f"{RELEASE}-jwt-signing"
+    syncer_token = f"{CLUSTER_RELEASE}-syncer-token"
+    old = _token_of(cluster, syncer_token)
+    old_kid = _kid(old)
+    assert _slurm_takes(cluster, old)
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    before = _metrics(cluster, "syncer")
+    samples: list[tuple[float, str, bool, float]] = []  # (t, kid, taken, view fresh)
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def watch() -> None:
+        while not stop.is_set():
+            token = _token_of(cluster, syncer_token)
+            taken = _slurm_takes(cluster, token)
+            fresh = _metrics(cluster, "syncer")["sunk_syncer_slurm_view_fresh"]
+            samples.append((time.monotonic() - started, _kid(token), taken, fresh))
+            stop.wait(1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        # 1. A new key beside the old one, named by its UTC creation time.
+        new_kid = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        assert new_kid > old_kid
+        key = tmp_path / "key"
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-m", "PEM", "-N", "", "-C", "",
+             "-f", str(key)],
+            check=True, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        patch = tmp_path / "patch.json"
+        patch.write_text(
+            json.dumps({"data": {f"{new_kid}.pem": base64.b64encode(key.read_bytes()).decode()}})
+        )
+        proc = kubectl(
+            cluster, "-n", NAMESPACE, "patch", "secret", signing, "--type", "merge",
+            "--patch-file", str(patch),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        print(f"1. key {new_kid} added beside {old_kid}: {time.monotonic() - started:.1f}s")
+        # 2. Its public half to Slurm.
+        _upgrade_slurm(cluster)
+        print(f"2. JWKS with both keys, slurmdbd restarted: {time.monotonic() - started:.1f}s")
+        # 3. sunk tokens signs with it once slurmctld takes it: nothing to do.
+        deadline = time.monotonic() + 240
+        while _kid(_token_of(cluster, syncer_token)) != new_kid:
+            assert time.monotonic() < deadline, f"never signed with the new key: {_why(cluster)}"
+            time.sleep(2)
+        print(f"3. the syncer's token is the new key's: {time.monotonic() - started:.1f}s")
+        logs = kubectl(cluster, "-n", NAMESPACE, "logs", f"deployment/{CLUSTER_RELEASE}-tokens")
+        assert f"signing with key {new_kid}" in logs.stdout + logs.stderr
+        time.sleep(30)  # the kubelets bring the new tokens to the components' pods
+        # 4. The old key removed, and from the JWKS.
+        remove = [{"op": "remove", "path": f"/data/{old_kid}.pem"}]
+        proc = kubectl(
+            cluster, "-n", NAMESPACE, "patch", "secret", signing, "--type", "json",
+            "-p", json.dumps(remove),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        _upgrade_slurm(cluster)
+        deadline = time.monotonic() + 120
+        while _slurm_takes(cluster, old):
+            assert time.monotonic() < deadline, "a token of the removed key is still taken"
+            time.sleep(2)
+        print(f"4. the old key's token refused: {time.monotonic() - started:.1f}s")
+        time.sleep(10)
+    finally:
+        stop.set()
+        watcher.join(timeout=120)
+    after = _metrics(cluster, "syncer")
+    kids = sorted({kid for _, kid, _, _ in samples})
+    print(f"{len(samples)} looks at the syncer's token over {samples[-1][0]:.0f}s; kids {kids}")
+    refused = [s for s in samples if not s[2]]
+    assert refused == [], f"the syncer's token refused at {refused}"
+    assert [s for s in samples if s[3] != 1] == [], "the syncer's view went stale"
+    assert kids == [old_kid, new_kid]
+    assert after["sunk_syncer_slurm_requests"] > before["sunk_syncer_slurm_requests"]
+    assert after["sunk_syncer_errors_total"] == before["sunk_syncer_errors_total"]
+    for component in ("operator", "syncer", "scheduler"):
+        log = kubectl(
+            cluster, "-n", NAMESPACE, "logs", f"deployment/{CLUSTER_RELEASE}-{component}",
+            f"--since-time={since}",
+        )  # fmt: skip
+        assert "Slurm view stale" not in log.stdout + log.stderr, f"{component}: {log.stdout}"
+    # The syncer (its token file replaced by the kubelet) drains a cordon.
     assert kubectl(cluster, "cordon", "local-3").returncode == 0
     try:
         poll_ssh(
             cluster, "scontrol show node compute-local-3", lambda out: "[sunk-syncer@" in out, 180
         )
-        print(f"rotation -> the syncer acts in Slurm again: {time.monotonic() - started:.1f}s")
     finally:
         assert kubectl(cluster, "uncordon", "local-3").returncode == 0
     poll_ssh(cluster, "sinfo -h -n compute-local-3 -o %t", lambda s: "drain" not in s, 120)
