@@ -285,6 +285,14 @@ def scheduler(
     kill_wait: Annotated[
         int, typer.Option(help="Slurm's KillWait (s); longer pod grace periods are refused.")
     ] = 30,
+    slurm_config: Annotated[
+        str | None,
+        typer.Option(
+            help="[NAMESPACE/]NAME of the ConfigMap holding slurm.conf (the slurm chart's "
+            "<release>-config; default namespace: --slurmd-namespace, else the lease's): "
+            "KillWait is read from it and followed, and --kill-wait is not used."
+        ),
+    ] = None,
     poll_interval: Annotated[float, typer.Option(help="Seconds between Slurm polls.")] = 0.25,
     lease_namespace: LeaseNamespaceOption = "default",
     metrics_port: MetricsPortOption = 9090,
@@ -319,6 +327,10 @@ def scheduler(
 
     _component_logging(verbose)
     types = dict(item.split("=", 1) for item in gpu_type or [])
+    slurm_conf = None
+    if slurm_config:
+        where, _, name = slurm_config.rpartition("/")
+        slurm_conf = (where or slurmd_namespace or lease_namespace, name)
     main(
         SchedulerConfig(
             slurm=SlurmAccess(slurmrestd, jwt_key, jwt_token, slurm_user),
@@ -331,6 +343,7 @@ def scheduler(
             constraint=constraint,
             gpu_types=types,
             kill_wait=kill_wait,
+            slurm_config=slurm_conf,
             poll_interval=poll_interval,
             metrics_port=metrics_port or None,
             seal_secret_name=job_seal_secret,

@@ -51,9 +51,6 @@ USER_UID = 2000
 # into /etc/passwd instead.
 IDENTITY = os.environ.get("SUNK_LOCAL_IDENTITY", "ldap")
 NODE_PREFIX = "local-"
-# slurm.conf KillWait, told to the scheduler: a pod's default 30 s grace period
-# fits (the scheduler refuses pods whose grace exceeds KillWait minus 1 s).
-KILL_WAIT = 32
 # GPUs of every node: stand-in device files (no GPU here) that sunk's GPU
 # plugin serves to the slurmd pods and to the pods the scheduler places.
 GPUS = 4
@@ -195,7 +192,6 @@ class Bed:
             users=[user],
             home=self.files / "home",
             images=prepared.images,
-            slurm_config={"KillWait": KILL_WAIT},
             registry=node_bed.registry.address,
             private_registry=private,
             topology_levels=[charts.ZONE_LABEL],
@@ -221,7 +217,6 @@ class Bed:
                 RELEASE,
                 prepared.images.sunk,
                 namespace=NAMESPACE,
-                kill_wait=KILL_WAIT,
                 # Pods of the default namespace run in Slurm as the researcher.
                 tenants=[{"namespaces": ["default"], "uids": str(USER_UID), "user": USER_UID}],
                 gpu_plugin={

@@ -11,48 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 
 import pytest
-from lightkube import ApiError, AsyncClient
+from lightkube import ApiError
 from lightkube.resources.core_v1 import Pod
 
-from plugins.local_cluster import kubectl, ssh, summary, tenant_pod
+from plugins.local_cluster import (
+    JOB_ID,
+    bound_job,
+    kubectl,
+    scheduler_pods,
+    ssh,
+    summary,
+    tenant_pod,
+)
 from plugins.slurm_pods import wait_for
 from sunk_testbed.control_plane import async_client
 
 pytestmark = pytest.mark.e2e
-
-JOB_ID = "sunk.dev/slurm-job-id"
-
-
-async def bound_job(kube: AsyncClient, name: str, within: float) -> str:
-    """The Slurm job of the pod, once the scheduler bound it (within `within` s)."""
-    found: dict[str, str] = {}
-
-    async def bound() -> bool:
-        pod = await kube.get(Pod, name, namespace="default")
-        if pod.spec and pod.spec.nodeName and pod.metadata and pod.metadata.annotations:
-            found["job"] = pod.metadata.annotations.get(JOB_ID, "")
-        return bool(found.get("job"))
-
-    await wait_for(f"pod {name} bound through Slurm", bound, timeout=within)
-    return found["job"]
-
-
-def scheduler_pods(cluster: Path) -> dict[str, int]:
-    """The scheduler's running pods: name → restarts."""
-    out = kubectl(cluster, "get", "pods", "-n", "slurm", "-o", "json")
-    assert out.returncode == 0, out.stderr
-    pods = {}
-    for pod in json.loads(out.stdout)["items"]:
-        name = pod["metadata"]["name"]
-        if name.startswith("sunk-scheduler-") and pod["status"].get("phase") == "Running":
-            statuses = pod["status"].get("containerStatuses", [])
-            pods[name] = sum(s["restartCount"] for s in statuses)
-    return pods
 
 
 def job_state(cluster: Path, job: str) -> str:

@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightkube import AsyncClient
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
+from plugins.slurm_pods import wait_for
 from sunk_testbed.bed import Bed
 from sunk_testbed.nodes import node_binaries_dir
 
@@ -95,6 +97,36 @@ def tenant_pod(info: dict[str, Any], name: str, annotations: dict[str, str] | No
             ],
         ),
     )
+
+
+JOB_ID = "sunk.dev/slurm-job-id"
+
+
+async def bound_job(kube: AsyncClient, name: str, within: float) -> str:
+    """The Slurm job of the pod, once the scheduler bound it (within `within` s)."""
+    found: dict[str, str] = {}
+
+    async def bound() -> bool:
+        pod = await kube.get(Pod, name, namespace="default")
+        if pod.spec and pod.spec.nodeName and pod.metadata and pod.metadata.annotations:
+            found["job"] = pod.metadata.annotations.get(JOB_ID, "")
+        return bool(found.get("job"))
+
+    await wait_for(f"pod {name} bound through Slurm", bound, timeout=within)
+    return found["job"]
+
+
+def scheduler_pods(cluster: Path) -> dict[str, int]:
+    """The scheduler's running pods: name → restarts."""
+    out = kubectl(cluster, "get", "pods", "-n", "slurm", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    pods = {}
+    for pod in json.loads(out.stdout)["items"]:
+        name = pod["metadata"]["name"]
+        if name.startswith("sunk-scheduler-") and pod["status"].get("phase") == "Running":
+            statuses = pod["status"].get("containerStatuses", [])
+            pods[name] = sum(s["restartCount"] for s in statuses)
+    return pods
 
 
 def running_slurm_pods(state: Path) -> dict[str, tuple[str, int]]:

@@ -36,6 +36,7 @@ def pod(
     deleting: bool = False,
     labels: dict[str, str] | None = None,
     job_id: int | None = None,
+    gates: tuple[str, ...] = (),
 ) -> Pod:
     metadata: dict[str, Any] = {
         "name": name,
@@ -50,6 +51,8 @@ def pod(
     spec["terminationGracePeriodSeconds"] = 10
     if node:
         spec["nodeName"] = node
+    if gates:
+        spec["schedulingGates"] = [{"name": gate} for gate in gates]
     return Pod.from_dict({"metadata": metadata, "spec": spec, "status": {"phase": phase}})
 
 
@@ -117,6 +120,24 @@ CASES: dict[str, tuple[list[Pod], int | None, Job | None, Decision]] = {
         None,
         None,
         Decision((Submit((GANG_A, GANG_B), Gang("g", 2)),)),
+    ),
+    "a gated pod: no job until its gates are gone": (
+        [pod(gates=("kueue.x-k8s.io/admission",))],
+        None,
+        None,
+        Decision(),
+    ),
+    "a gang with one member gated: no job, the ungated one not told": (
+        [GANG_A, pod("b", labels=GANG, gates=("example.com/quota",))],
+        None,
+        None,
+        Decision(),
+    ),
+    "half a gang, the present one gated: nothing said over the apiserver": (
+        [pod("a", labels=GANG, gates=("example.com/quota",))],
+        None,
+        None,
+        Decision((Cancel("the pods it was for are not all pending"),)),
     ),
     "bound, no end in sight: nothing to do": ([BOUND], 7, RUNNING, Decision()),
     "bound, a time limit ahead: looked at again in time": (

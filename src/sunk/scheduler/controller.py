@@ -45,6 +45,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, operators
@@ -239,6 +240,12 @@ class Scheduler:
         """Pods refused under the old tenancy are looked at again now."""
         self._reported.clear()
         self._requeue_all()
+
+    def kill_wait_changed(self, seconds: int) -> None:
+        """Slurm's KillWait is now `seconds`: the next pod is checked against
+        it, and pods refused under the old value are looked at again."""
+        self.options = replace(self.options, kill_wait=seconds)
+        self.tenancy_changed()
 
     def _requeue_all(self) -> None:
         for key in self.index.known_keys():

@@ -36,6 +36,12 @@ def deleting(pod: Pod) -> bool:
     return bool(pod.metadata and pod.metadata.deletionTimestamp)
 
 
+def gated(pod: Pod) -> bool:
+    """The pod has scheduling gates left (a queue such as Kueue holds it):
+    no scheduler may place it, and the apiserver itself says SchedulingGated."""
+    return bool(pod.spec and pod.spec.schedulingGates)
+
+
 def bound(pod: Pod) -> bool:
     return bool(pod.spec and pod.spec.nodeName)
 
@@ -154,8 +160,9 @@ def decide(pods: Sequence[Pod], job_id: int | None, job: Job | None, now: float)
             carriers = tuple(p for p in live if ANNOTATION_JOB_ID in pod_annotations(p))
             actions.append(Drop(job_id, carriers))
         actions.append(Cancel("the pods it was for are not all pending"))
-        if live and len(live) < wanted:
-            actions.append(Pending(live, f"waiting for the gang: {len(live)} of {wanted} pods"))
+        told = tuple(p for p in live if not gated(p))  # the apiserver tells gated ones
+        if told and len(live) < wanted:
+            actions.append(Pending(told, f"waiting for the gang: {len(live)} of {wanted} pods"))
         return Decision(tuple(actions))
     if job is not None and not active(job):
         # Cancelled, timed out or failed before it could be bound: the pods go too.
@@ -163,6 +170,10 @@ def decide(pods: Sequence[Pod], job_id: int | None, job: Job | None, now: float)
     if job is None:
         if job_id is not None:  # its job is gone
             return Decision((Evict(live, eviction_reason(job_id, None)),))
+        if any(map(gated, live)):
+            # No job while any pod of it is gated: removing the last gate is a
+            # pod update, which brings the key back here.
+            return Decision()
         return Decision((Submit(live, gang),))
     if job.state == "RUNNING":
         if job.preempt_time:  # preempted before the pods ran: they go with it

@@ -18,6 +18,7 @@ from sunk.component import Election, SlurmAccess, Wiring, run_elected
 from sunk.kube.client import kube_client
 from sunk.kube.retry import until_answered
 from sunk.scheduler.controller import Scheduler
+from sunk.scheduler.kill_wait_watch import KillWaitWatch
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.request import SCHEDULER_NAME, Options
 from sunk.scheduler.seal import JobSeal, new_secret
@@ -55,7 +56,9 @@ class SchedulerConfig:
     partition: str | None = None
     constraint: str | None = None
     gpu_types: Mapping[str, str] = field(default_factory=dict)
-    kill_wait: int = 30
+    kill_wait: int = 30  # unless slurm_config is given
+    # (namespace, name) of the ConfigMap with slurm.conf: KillWait from there, followed.
+    slurm_config: tuple[str, str] | None = None
     grace_margin: int = 1
     poll_interval: float = 0.25
     metrics_port: int | None = 9090  # None: no /metrics endpoint
@@ -144,6 +147,12 @@ async def run_scheduler(config: SchedulerConfig) -> None:
             async with asyncio.TaskGroup() as group:
                 group.create_task(tenancy.run())
                 await tenancy.ready.wait()  # no pod is refused for a tenancy not yet read
+                if config.slurm_config is not None:
+                    kill_wait = KillWaitWatch(
+                        wiring.kube, *config.slurm_config, on_change=scheduler.kill_wait_changed
+                    )
+                    group.create_task(kill_wait.run())
+                    await kill_wait.ready.wait()  # nor for a KillWait not yet read
                 group.create_task(scheduler.run())
 
     await run_elected(config.scheduler_name, kube, config.slurm, config.election, lead)

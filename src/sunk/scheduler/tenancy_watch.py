@@ -3,15 +3,14 @@ keeps a Slurm token for each uid it grants."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap
 
+from sunk.kube.configmap_watch import ConfigMapWatch
 from sunk.kube.events import EventRecorder
-from sunk.kube.informer import Informer
 from sunk.scheduler.tenancy import Tenancy, TenancyError, parse_tenancy
 
 log = logging.getLogger(__name__)
@@ -19,7 +18,7 @@ log = logging.getLogger(__name__)
 TENANCY_KEY = "tenancy.yaml"
 
 
-class TenancyWatch:
+class TenancyWatch(ConfigMapWatch):
     """The tenancy ConfigMap, kept current. An invalid edit is logged and told
     as an Event on the ConfigMap, and the last valid tenancy stays: a typo must
     not stop every tenant. A missing ConfigMap serves no namespace."""
@@ -27,35 +26,17 @@ class TenancyWatch:
     def __init__(
         self, kube: AsyncClient, namespace: str, name: str, *, report_invalid: bool = True
     ) -> None:
-        self.source = f"ConfigMap {namespace}/{name}"
-        self._key = f"{namespace}/{name}"
-        self._informer: Informer[ConfigMap] = Informer(
-            kube, ConfigMap, namespace=namespace, fields={"metadata.name": name}
-        )
+        super().__init__(kube, namespace, name)
         # One reader reports an invalid edit (the scheduler); others only log it.
         self._events = EventRecorder(kube, "sunk-scheduler") if report_invalid else None
         self._tenancy = Tenancy()
         self._loaded = ""  # the resourceVersion read last
-        self._changed = asyncio.Event()
-        self._informer.subscribe(lambda _: self._changed.set())
-        self.ready = asyncio.Event()
         self.on_change: Callable[[], None] = lambda: None
 
     def current(self) -> Tenancy:
         return self._tenancy
 
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._informer.run())
-            await self._informer.synced.wait()
-            while True:
-                self._changed.clear()
-                await self._load()
-                self.ready.set()
-                await self._changed.wait()
-
-    async def _load(self) -> None:
-        configmap = self._informer.get(self._key)
+    async def load(self, configmap: ConfigMap | None) -> None:
         version = configmap.metadata.resourceVersion if configmap and configmap.metadata else ""
         if version == self._loaded:
             return
