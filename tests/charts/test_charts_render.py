@@ -27,7 +27,9 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBi
 from sunk.api import TAINT_NODE_LOCK
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
+from sunk.scheduler.request import Options
 from sunk.scheduler.tenancy import parse_tenancy
+from sunk.slurm.conf import kill_wait
 from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk.topology.settings import parse_settings
 from sunk_testbed.helm import CHARTS, Helm, HelmError, ensure_helm
@@ -254,6 +256,10 @@ CAN_I = [
     ("scheduler", "get", "configmaps", "home", "{release}-scheduler-tenancy", True),
     ("scheduler", "get", "configmaps", "home", "other", False),
     ("scheduler", "update", "configmaps", "home", "{release}-scheduler-tenancy", False),
+    # slurm.conf's KillWait: the slurm chart's config ConfigMap, read only.
+    ("scheduler", "watch", "configmaps", "home", "slurm-config", True),
+    ("scheduler", "update", "configmaps", "home", "slurm-config", False),
+    ("scheduler", "get", "configmaps", "elsewhere", "slurm-config", False),
     ("scheduler", "create", "pods", "elsewhere", "", False),
     ("scheduler", "list", "pods", "elsewhere", "", True),
     ("scheduler", "patch", "pods", "tenant", "", True),
@@ -338,6 +344,63 @@ async def test_each_component_may_do_what_it_needs_and_no_more(
         for obj in made:
             if obj.metadata and isinstance(obj, (ClusterRole, ClusterRoleBinding, Namespace)):
                 await kube.delete(type(obj), obj.metadata.name or "")
+
+
+def test_the_scheduler_follows_the_slurm_releases_kill_wait_which_fits_the_default_grace(
+    helm: Helm,
+) -> None:
+    """One value: slurm.conf's KillWait, which the scheduler reads from the
+    slurm release's config ConfigMap; the slurm chart's default takes a pod
+    with Kubernetes' default grace period (30 s)."""
+    out = helm.run(["template", "rel", str(CHARTS / "sunk-cluster"), "-n", "hpc"])
+    (scheduler,) = [
+        d
+        for d in yaml.safe_load_all(out)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "rel-scheduler"
+    ]
+    args = scheduler["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--slurm-config=hpc/slurm-config" in args
+    assert not [a for a in args if a.startswith("--kill-wait")]
+    out = helm.run(["template", "slurm", str(CHARTS / "slurm"), "-n", "hpc"])
+    (config,) = [
+        d
+        for d in yaml.safe_load_all(out)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "slurm-config"
+    ]
+    seconds = kill_wait(config["data"]["slurm.conf"])
+    assert seconds - Options().grace_margin >= 30, seconds
+    with pytest.raises(HelmError, match="killWait"):
+        helm.run(
+            ["template", "rel", str(CHARTS / "sunk-cluster"), "--set", "scheduler.killWait=60"]
+        )
+
+
+def test_slurmd_pods_request_memory_only_and_are_not_best_effort(helm: Helm) -> None:
+    """Requests, so the kubelet does not take them for BestEffort; no CPU
+    request (Slurm would lose a whole CPU for it) and no limit (it would cap
+    every job on the node)."""
+    out = helm.run(["template", "rel", str(CHARTS / "slurm")])
+    (nodeset,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "NodeSet"]
+    spec = nodeset["spec"]["template"]["spec"]
+    containers = spec["containers"] + spec.get("initContainers", [])
+    resources = {c["name"]: c.get("resources") or {} for c in containers}
+    assert resources["slurmd"] == {"requests": {"memory": "256Mi"}}
+    for name, asked in resources.items():
+        assert "limits" not in asked, name
+        assert "cpu" not in asked.get("requests", {}), name
+
+
+def test_admins_without_accounting_are_refused_naming_both_values(helm: Helm) -> None:
+    """Admins live in slurmdbd: without accounting the admins hook cannot run,
+    and the operator and syncer would be refused every drain."""
+    with pytest.raises(HelmError) as refused:
+        helm.run(["template", "rel", str(CHARTS / "slurm"), "--set", "accounting.enabled=false"])
+    assert "admins: Slurm keeps AdminLevel in its accounting database" in str(refused.value)
+    assert "accounting.enabled is false" in str(refused.value)
+    helm.run(
+        ["template", "rel", str(CHARTS / "slurm"), "--set", "accounting.enabled=false",
+         "--set-json", "admins=[]"]
+    )  # fmt: skip
 
 
 def test_the_tenancy_values_render_to_what_the_scheduler_reads(helm: Helm) -> None:

@@ -185,6 +185,7 @@ def test_the_keys_hook_refuses_a_secret_it_did_not_make(cluster: Path, tmp_path:
                 "partitions": [],
                 "login": {"enabled": False},
                 "accounting": {"enabled": False},
+                "admins": [],
                 "restapi": {"enabled": False},
                 "metrics": {"enabled": False},
             }

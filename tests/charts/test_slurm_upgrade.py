@@ -142,6 +142,31 @@ async def test_srun_mpi_pmix_on_24_11_all_reduces_across_three_slurmd_pods(
     assert result.split() == ["ranks", "3", "sum", "6", "buffer", "6.0", "hosts", *nodes]
 
 
+async def test_metrics_on_24_11_are_refused_naming_the_value(
+    cluster: Upgrade, kube: AsyncClient
+) -> None:
+    """`metrics.enabled` (on by default) needs Slurm 25.11: on 24.11 images the
+    chart's config check refuses the upgrade naming the value, before
+    anything changes, instead of slurmctld's own error at start."""
+    values = cluster.values(OLD)
+    values["metrics"] = {"enabled": True}
+    with pytest.raises(RuntimeError) as refused:
+        await charts.install(
+            cluster.helm,
+            kube,
+            RELEASE,
+            "slurm",
+            cluster.shell.namespace,
+            values,
+            values_file=cluster.state / "values-metrics.yaml",
+        )
+    said = re.search(r"metrics\.enabled: (\S+ \S+) has no OpenMetrics", str(refused.value))
+    assert said is not None, refused.value
+    assert said[1].split()[1].startswith("24.11."), said[1]
+    assert "set metrics.enabled=false for this image" in str(refused.value)
+    await cluster.shell.poll_ssh("the controller still up", "scontrol ping", r"is UP", 30)
+
+
 async def test_a_running_job_survives_helm_upgrade_from_24_11_to_26_05(
     cluster: Upgrade, kube: AsyncClient
 ) -> None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lightkube.models.core_v1 import Node, NodeAddress, NodeSpec, NodeStatus, PodSpec, Taint
+from lightkube.models.core_v1 import (
+    Container,
+    Node,
+    NodeAddress,
+    NodeSpec,
+    NodeStatus,
+    PodSpec,
+    ResourceRequirements,
+    Taint,
+)
 from lightkube.models.meta_v1 import ObjectMeta
 
 from sunk.api import LABEL_NODE, LABEL_NODESET, LABEL_TEMPLATE_HASH, RESOURCE_NODE_GPUS
@@ -19,6 +28,7 @@ from sunk.nodeset.pods import (
     build_pod,
     gpu_plugin_not_serving,
     gpu_type,
+    pod_requests,
     slurm_node_name,
     slurmd_conf,
     template_hash,
@@ -176,6 +186,35 @@ class TestSlurmIdentity:
         )
         assert slurmd_conf("gpu", spec, worker) == (
             "Feature=gpu,ib,eu_west CPUs=7 RealMemory=65536 Gres=gpu:a100:4"
+        )
+
+    def test_conf_leaves_out_what_the_slurmd_pod_itself_requests(self) -> None:
+        template = PodSpec(
+            containers=[
+                Container(
+                    name="slurmd",
+                    resources=ResourceRequirements(requests={"memory": "256Mi", "cpu": "500m"}),
+                )
+            ],
+            initContainers=[
+                Container(
+                    name="munged",
+                    restartPolicy="Always",
+                    resources=ResourceRequirements(requests={"memory": "16Mi"}),
+                ),
+                # A one-off init container counts only while it runs, alone.
+                Container(name="prepare", resources=ResourceRequirements(requests={"cpu": "1"})),
+            ],
+        )
+        reserved = pod_requests(template)
+        assert reserved == {"cpu": 1, "memory": 272 * 1024 * 1024}
+        worker = node(allocatable={"cpu": "8", "memory": "64Gi"})
+        spec = api.SlurmNodeSpec()
+        assert slurmd_conf("cpu", spec, worker, reserved) == (
+            f"Feature=cpu CPUs=7 RealMemory={64 * 1024 - 272}"
+        )
+        assert slurmd_conf("cpu", spec, worker, pod_requests(None)) == (
+            f"Feature=cpu CPUs=8 RealMemory={64 * 1024}"
         )
 
     def test_conf_overrides(self) -> None:

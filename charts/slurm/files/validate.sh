@@ -6,6 +6,17 @@
 # SlurmctldHost, its own empty state directory and munged (with a throwaway
 # key), no accounting.
 set -eu
+# Settings the image's Slurm is too old for, named by their chart value
+# rather than by slurmctld's own error.
+# `slurmctld -V`: "slurm 24.11.5", or "slurm-wlm 26.05.5" from Debian.
+version=$(slurmctld -V | sed -n 's/^slurm[^ ]* \([0-9][0-9]*\)\.\([0-9][0-9]*\)\..*/\1 \2/p')
+if [ -n "$version" ] && grep -q '^MetricsType=metrics/openmetrics' /candidate/slurm.conf; then
+  set -- $version
+  if [ "$1" -lt 25 ] || { [ "$1" -eq 25 ] && [ "$2" -lt 11 ]; }; then
+    echo "metrics.enabled: $(slurmctld -V) has no OpenMetrics endpoints (Slurm 25.11 and later); set metrics.enabled=false for this image" >&2
+    exit 1
+  fi
+fi
 work=/tmp/validate
 mkdir -p "$work/etc" "$work/state" "$work/keys"
 mkdir -m 0700 "$work/munge"

@@ -140,6 +140,8 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
   securityContext:
     runAsUser: {{ .root.Values.ids.munge }}
     runAsGroup: {{ .root.Values.ids.munge }}
+  resources:
+    requests: {memory: 16Mi}
   startupProbe:
     exec:
       command: [test, -S, /run/munge/munge.socket.2]
@@ -170,8 +172,10 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
       command: [test, -S, /run/nslcd/socket]
     periodSeconds: 1
     failureThreshold: 60
+  # Memory only: in a slurmd pod, requests are left out of Slurm's share of
+  # the node, and a CPU request would cost it a whole CPU.
   resources:
-    requests: {cpu: 10m, memory: 16Mi}
+    requests: {memory: 16Mi}
   volumeMounts:
     # The file the prepare container wrote (nslcd before 0.9.13 reads no other path).
     - {name: nslcd-conf, mountPath: /etc/nslcd.conf, subPath: nslcd.conf, readOnly: true}

@@ -12,12 +12,14 @@ from typing import Any
 
 from lightkube.models.core_v1 import (
     Affinity,
+    Container,
     EnvVar,
     Node,
     NodeAffinity,
     NodeSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    PodSpec,
     PodTemplateSpec,
     ResourceRequirements,
     Toleration,
@@ -116,24 +118,53 @@ def gpu_plugin_not_serving(node: Node) -> bool:
     return RESOURCE_NODE_GPUS in allocatable and not _allocatable(node, RESOURCE_NODE_GPUS)
 
 
-def slurmd_conf(nodeset: str, spec: api.SlurmNodeSpec, node: Node) -> str:
+def pod_requests(spec: PodSpec | None) -> dict[str, Any]:
+    """The CPU and memory a pod requests as the kubelet counts them: its
+    containers and sidecars (init containers that restart) together, or a
+    plain init container's, whichever is more."""
+    spec = spec or PodSpec(containers=[])
+    inits = spec.initContainers or []
+    running = [*spec.containers, *(c for c in inits if c.restartPolicy == "Always")]
+    one_off = [c for c in inits if c.restartPolicy != "Always"]
+
+    def requested(container: Container, resource: str) -> Any:
+        value = ((container.resources.requests if container.resources else None) or {}).get(
+            resource
+        )
+        return parse_quantity(value) if value is not None else 0
+
+    return {
+        resource: max(
+            sum(requested(c, resource) for c in running),
+            max((requested(c, resource) for c in one_off), default=0),
+        )
+        for resource in ("cpu", "memory")
+    }
+
+
+def slurmd_conf(
+    nodeset: str, spec: api.SlurmNodeSpec, node: Node, reserved: Mapping[str, Any] | None = None
+) -> str:
     """The --conf line of a dynamic node: features and resources.
 
     Resources the spec leaves open come from the node's allocatable, which is
-    what Kubernetes lets pods use on it: CPUs, RealMemory in MiB, and GPUs as
-    gpu[:type]:count with the type from the GPU product label.
+    what Kubernetes lets pods use on it, less `reserved` (the slurmd pod's own
+    requests, `pod_requests`: a pod the scheduler binds for a whole node's
+    allocation must still fit beside it): CPUs, RealMemory in MiB, and GPUs
+    as gpu[:type]:count with the type from the GPU product label.
     """
+    reserved = reserved or {}
     labels = (node.metadata.labels if node.metadata else None) or {}
     parts = [f"Feature={','.join(slurm_features(nodeset, spec, labels))}"]
     resources = spec.resources
     cpus = resources.cpus
     if cpus is None and (allocatable := _allocatable(node, "cpu")) is not None:
-        cpus = max(1, math.floor(allocatable))
+        cpus = max(1, math.floor(allocatable - reserved.get("cpu", 0)))
     if cpus is not None:
         parts.append(f"CPUs={cpus}")
     memory = resources.real_memory_mib
     if memory is None and (allocatable := _allocatable(node, "memory")) is not None:
-        memory = max(1, math.floor(allocatable / (1024 * 1024)))
+        memory = max(1, math.floor((allocatable - reserved.get("memory", 0)) / (1024 * 1024)))
     if memory is not None:
         parts.append(f"RealMemory={memory}")
     gres = resources.gres
@@ -208,7 +239,10 @@ def build_pod(owner: NodeSetRef, spec: api.NodeSetSpec, node: Node, revision: st
     slurmd.env = [
         *(e for e in slurmd.env or [] if e.name not in ("SLURMD_NODENAME", "SLURMD_CONF")),
         EnvVar(name="SLURMD_NODENAME", value=name),
-        EnvVar(name="SLURMD_CONF", value=slurmd_conf(owner.name, spec.slurm, node)),
+        EnvVar(
+            name="SLURMD_CONF",
+            value=slurmd_conf(owner.name, spec.slurm, node, pod_requests(pod_spec)),
+        ),
     ]
     if _allocatable(node, RESOURCE_NODE_GPUS):
         # sunk's device plugin runs on the node: every GPU goes to slurmd,
