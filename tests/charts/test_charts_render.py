@@ -375,6 +375,42 @@ def test_the_scheduler_follows_the_slurm_releases_kill_wait_which_fits_the_defau
         )
 
 
+def test_each_component_has_probes_a_budget_and_spread_replicas(helm: Helm) -> None:
+    """With the chart's defaults (two replicas each): a PodDisruptionBudget of
+    one, replicas preferring different nodes, and for the components with
+    /metrics a readiness and a liveness probe on it and a SunkComponentDown
+    alert."""
+    out = helm.run(["template", "rel", str(CHARTS / "sunk-cluster"), "-n", "hpc"])
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    budgets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"}
+    for component in ("operator", "syncer", "scheduler", "tokens"):
+        deployment = deployments[f"rel-{component}"]
+        selector = deployment["spec"]["selector"]
+        assert budgets[f"rel-{component}"] == {"maxUnavailable": 1, "selector": selector}
+        spec = deployment["spec"]["template"]["spec"]
+        (term,) = spec["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert term["podAffinityTerm"]["labelSelector"] == selector
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        if component != "tokens":
+            (container,) = spec["containers"]
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+            assert container["ports"] == [{"name": "metrics", "containerPort": 9090}]
+    (rules,) = [d for d in docs if d["metadata"]["name"] == "rel-prometheus-rules"]
+    groups = yaml.safe_load(rules["data"]["sunk.rules.yaml"])["groups"]
+    down = [r for g in groups for r in g["rules"] if r.get("alert") == "SunkComponentDown"]
+    assert [r["labels"]["component"] for r in down] == ["operator", "syncer", "scheduler"]
+    assert 'absent(up{namespace="hpc", service="rel-syncer-metrics"})' in down[1]["expr"]
+    one = helm.run(["template", "rel", str(CHARTS / "sunk-cluster"), "--set=operator.replicas=1"])
+    budgets_of_one = [
+        d for d in yaml.safe_load_all(one) if d and d["kind"] == "PodDisruptionBudget"
+    ]
+    assert "rel-operator" not in {d["metadata"]["name"] for d in budgets_of_one}
+
+
 def test_slurmd_pods_request_memory_only_and_are_not_best_effort(helm: Helm) -> None:
     """Requests, so the kubelet does not take them for BestEffort; no CPU
     request (Slurm would lose a whole CPU for it) and no limit (it would cap
@@ -695,7 +731,14 @@ def test_blocks_beside_the_tree_ask_the_operator_for_a_second_topology(helm: Hel
         )  # fmt: skip
 
 
-def _gpu_pod(name: str, scheduler: str, node: str | None, *, init: bool = False) -> dict[str, Any]:
+def _gpu_pod(
+    name: str,
+    scheduler: str,
+    node: str | None,
+    *,
+    init: bool = False,
+    tolerate: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     container = {
         "name": "c",
         "image": "registry.invalid/pause:1",
@@ -709,6 +752,8 @@ def _gpu_pod(name: str, scheduler: str, node: str | None, *, init: bool = False)
         spec["containers"] = [container]
     if node:
         spec["nodeName"] = node
+    if tolerate:
+        spec["tolerations"] = tolerate
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
@@ -724,20 +769,18 @@ async def install_policy(kube: AsyncClient, rendered: str, kind: str, namespace:
     return [await kube.create(codecs.from_dict(doc)) for doc in docs]  # type: ignore[call-overload]
 
 
-async def test_gpu_pods_must_be_placed_by_sunks_scheduler(
+async def test_gpu_pods_that_could_reach_slurm_must_be_placed_by_sunks_scheduler(
     helm: Helm, kube: AsyncClient, namespace: str
 ) -> None:
     """`gpuPlugin.admissionPolicy`, installed on the real apiserver (its binding
-    narrowed to this test's namespace, so no other test's pods meet it): a pod
-    asking for GPUs with another scheduler or its own nodeName is refused
-    when created, naming the field; through sunk's scheduler it is admitted,
-    and so is a pod asking for no GPU."""
-    release = f"r{secrets.token_hex(3)}"
-    out = helm.run(
-        ["template", release, str(CHARTS / "sunk-cluster"), "-n", namespace,
-         "--set=gpuPlugin.enabled=true", "--set=componentPolicies.enabled=false"]
-    )  # fmt: skip
-    made = await install_policy(kube, out, "ValidatingAdmissionPolicy", namespace)
+    narrowed to this test's namespace, so no other test's pods meet it).
+    Where the scheduler serves the namespace: a pod asking for GPUs with
+    another scheduler or its own nodeName is refused when created, naming the
+    field and why; through sunk's scheduler it is admitted, and so is a pod
+    asking for no GPU. Where it does not: another team's GPU pod is admitted,
+    unless it tolerates sunk's node lock (it could run on a Slurm node)."""
+    lock = [{"key": TAINT_NODE_LOCK, "operator": "Exists"}]
+    everything = [{"operator": "Exists"}]
 
     async def refusal(pod: dict[str, Any]) -> str:
         try:
@@ -746,25 +789,56 @@ async def test_gpu_pods_must_be_placed_by_sunks_scheduler(
             return str(error.status.message)
         return ""
 
-    try:
-        # The apiserver takes the policy in a moment after it is created.
-        deadline = time.monotonic() + 30
-        while not await refusal(_gpu_pod("probe", "default-scheduler", None)):
-            assert time.monotonic() < deadline, "the policy never took effect"
-            await asyncio.sleep(0.5)
-        elsewhere = await refusal(_gpu_pod("a", "default-scheduler", None))
-        assert "spec.schedulerName: a pod asking for nvidia.com/gpu must be placed by" in elsewhere
-        assert "not by default-scheduler" in elsewhere
-        pinned = await refusal(_gpu_pod("b", "sunk-scheduler", "some-node"))
-        assert "spec.nodeName: a pod asking for nvidia.com/gpu may not name its node" in pinned
-        assert await refusal(_gpu_pod("c", "default-scheduler", None, init=True))
-        assert await refusal(_gpu_pod("d", "sunk-scheduler", None)) == ""
-        plain = _gpu_pod("e", "default-scheduler", "some-node")
-        plain["spec"]["containers"][0]["resources"] = {}
-        assert await refusal(plain) == ""
-    finally:
-        for obj in reversed(made):
-            await kube.delete(type(obj), obj.metadata.name)
+    # Not served first: a deleted policy lingers a moment in the apiserver, and
+    # this one refuses nothing the served round expects admitted.
+    for served in (False, True):
+        release = f"r{secrets.token_hex(3)}"
+        grant = [
+            "--set-string=scheduler.tenants[0].uids=5000",
+            "--set=scheduler.tenants[0].user=5000",
+        ]
+        tenant = namespace if served else f"{namespace}-other"
+        out = helm.run(
+            ["template", release, str(CHARTS / "sunk-cluster"), "-n", namespace,
+             "--set=gpuPlugin.enabled=true", "--set=componentPolicies.enabled=false",
+             f"--set=scheduler.tenants[0].namespaces={{{tenant}}}", *grant]
+        )  # fmt: skip
+        made = await install_policy(kube, out, "ValidatingAdmissionPolicy", namespace)
+        try:
+            # The apiserver takes the policy in a moment after it is created.
+            deadline = time.monotonic() + 30
+            probe = _gpu_pod("probe", "default-scheduler", None, tolerate=None if served else lock)
+            while not await refusal(probe):
+                assert time.monotonic() < deadline, "the policy never took effect"
+                await asyncio.sleep(0.5)
+            if served:
+                elsewhere = await refusal(_gpu_pod("a", "default-scheduler", None))
+                assert (
+                    "spec.schedulerName: a pod asking for nvidia.com/gpu must be placed by"
+                    in elsewhere
+                )
+                assert f"not by default-scheduler: namespace {namespace} is served by" in elsewhere
+                pinned = await refusal(_gpu_pod("b", "sunk-scheduler", "some-node"))
+                assert "spec.nodeName: a pod asking for nvidia.com/gpu may not name" in pinned
+                assert await refusal(_gpu_pod("c", "default-scheduler", None, init=True))
+                assert await refusal(_gpu_pod("d", "sunk-scheduler", None)) == ""
+                plain = _gpu_pod("e", "default-scheduler", "some-node")
+                plain["spec"]["containers"][0]["resources"] = {}
+                assert await refusal(plain) == ""
+            else:
+                # Another team's GPU pods, placed by anyone, pinned or not.
+                assert await refusal(_gpu_pod("f", "default-scheduler", None)) == ""
+                assert await refusal(_gpu_pod("g", "default-scheduler", "gpu-node-9")) == ""
+                for tolerations in (lock, everything):
+                    said = await refusal(
+                        _gpu_pod("h", "default-scheduler", None, tolerate=tolerations)
+                    )
+                    assert "it tolerates sunk's node lock (sunk.dev/slurm-job)" in said, said
+                pinned = await refusal(_gpu_pod("i", "sunk-scheduler", "n1", tolerate=lock))
+                assert "spec.nodeName: a pod asking for nvidia.com/gpu may not name" in pinned
+        finally:
+            for obj in reversed(made):
+                await kube.delete(type(obj), obj.metadata.name)
 
 
 def _sunk_pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:

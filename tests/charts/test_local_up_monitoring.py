@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from plugins.local_cluster import kubectl, poll_ssh, ssh, summary
-from sunk_testbed.bed import USER_NAME
+from sunk_testbed.bed import CLUSTER_RELEASE, USER_NAME
 from sunk_testbed.helm import CHARTS, Helm, ensure_helm
 
 pytestmark = pytest.mark.e2e
@@ -106,6 +106,16 @@ class Prometheus:
             if rule.get("type") == "alerting" and rule["state"] == "firing"
         }
 
+    def down(self) -> set[str]:
+        """The components whose SunkComponentDown fires (zero-threshold copy)."""
+        return {
+            rule["labels"]["component"]
+            for group in self.rule_groups()
+            if group["name"].startswith(TEST_GROUP)
+            for rule in group["rules"]
+            if rule["name"] == "SunkComponentDown" and rule["state"] == "firing"
+        }
+
     def wait(
         self,
         what: str,
@@ -158,6 +168,7 @@ def zero_threshold_rules(namespace: str, releases: tuple[str, str]) -> dict[str,
                 "-s", "templates/monitoring.yaml", "--set=monitoring.rules.viewStaleFor=0s",
                 "--set=monitoring.rules.drainedForMinutes=0",
                 "--set=monitoring.rules.waitingOnSlurmForMinutes=0",
+                "--set=monitoring.rules.componentDownFor=0s",
             ]
         ),
     }  # fmt: skip
@@ -497,3 +508,47 @@ def test_a_stopped_slurmctld_fires_slurmctld_down(
     job = ssh(state, "sbatch --parsable --wrap hostname").strip()
     poll_ssh(state, f"sacct -n -X -j {job} -o State", lambda out: "COMPLETED" in out, 60)
     print(f"slurmctld stopped and back in {time.monotonic() - stopped:.1f} s")
+
+
+def test_a_component_with_no_replica_left_fires_sunk_component_down(
+    local_cluster: Path, prometheus: Prometheus
+) -> None:
+    """The operator, the syncer and the scheduler, each scaled to zero in turn:
+    its SunkComponentDown fires (no target left to scrape; the stale-view
+    alert cannot say so, its series gone with the pods) and no other; back,
+    the alert ends."""
+    state = local_cluster
+    wait_until_every_target_is_up(prometheus)
+    assert prometheus.down() == set()
+    for component in ("operator", "syncer", "scheduler"):
+        deployment = f"{CLUSTER_RELEASE}-{component}"
+        replicas = ok(
+            kubectl(state, "-n", "slurm", "get", "deployment", deployment, "-o",
+                    "jsonpath={.spec.replicas}")
+        )  # fmt: skip
+        stopped = time.monotonic()
+        try:
+            ok(kubectl(state, "-n", "slurm", "scale", "deployment", deployment, "--replicas=0"))
+            prometheus.wait(
+                f"SunkComponentDown for the {component}",
+                lambda c=component: c in prometheus.down(),
+                within=60,
+                report=prometheus.down,
+            )
+            assert prometheus.down() == {component}
+            print(f"{component}: down firing {time.monotonic() - stopped:.1f} s after the scale")
+        finally:
+            ok(kubectl(state, "-n", "slurm", "scale", "deployment", deployment,
+                       f"--replicas={replicas}"))  # fmt: skip
+            ok(
+                kubectl(
+                    state, "-n", "slurm", "rollout", "status", f"deployment/{deployment}",
+                    "--timeout=120s", timeout=150,
+                )
+            )  # fmt: skip
+        prometheus.wait(
+            f"SunkComponentDown for the {component} over",
+            lambda: not prometheus.down(),
+            within=60,
+            report=prometheus.down,
+        )

@@ -44,9 +44,7 @@ spec:
         {{- with .c.tolerations }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- with .c.affinity }}
-      affinity: {{- toYaml . | nindent 8 }}
-      {{- end }}
+      {{- include "sunk.affinity" . | nindent 6 }}
       {{- with .c.priorityClassName }}
       priorityClassName: {{ . }}
       {{- end }}
@@ -89,6 +87,21 @@ spec:
           {{- with .c.resources }}
           resources: {{- toYaml . | nindent 12 }}
           {{- end }}
+          {{- with .c.metricsPort }}
+          ports:
+            - {name: metrics, containerPort: {{ . }}}
+          # /metrics answers from start to exit, on the leader and its standby
+          # alike (either may hold the Lease): ready once it listens,
+          # restarted when it stops answering.
+          readinessProbe:
+            httpGet: {path: /metrics, port: metrics}
+            periodSeconds: 10
+          livenessProbe:
+            httpGet: {path: /metrics, port: metrics}
+            periodSeconds: 20
+            timeoutSeconds: 5
+            failureThreshold: 3
+          {{- end }}
           volumeMounts:
             - {name: token, mountPath: /var/run/sunk/token, readOnly: true}
             {{- if .tenantTokens }}
@@ -105,6 +118,7 @@ spec:
             secretName: {{ $name }}-tenant-tokens
             defaultMode: 0440
         {{- end }}
+{{- include "sunk.disruptionBudget" . }}
 ---
 apiVersion: v1
 kind: ServiceAccount
@@ -204,3 +218,52 @@ spec:
     - {name: metrics, port: {{ .c.metricsPort }}}
 {{- end }}
 {{- end }}
+
+{{- /* A component's affinity: its values', else its replicas on different
+  nodes where there are enough (one node lost takes one replica, and another
+  holds or takes the Lease). Pass (dict "root" $ "component" NAME "c" VALUES). */ -}}
+{{- define "sunk.affinity" -}}
+{{- if .c.affinity -}}
+affinity: {{- toYaml .c.affinity | nindent 2 }}
+{{- else -}}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels: {{- include "sunk.selector" . | nindent 14 }}
+{{- end -}}
+{{- end -}}
+
+{{- /* With two replicas or more, a voluntary disruption (a node drain, a
+  cluster upgrade) takes one at a time: another holds or takes the Lease.
+  Pass (dict "root" $ "component" NAME "c" VALUES). */ -}}
+{{- define "sunk.disruptionBudget" -}}
+{{- if gt (int .c.replicas) 1 }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .root.Release.Name }}-{{ .component }}
+  labels: {{- include "sunk.labels" .root | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels: {{- include "sunk.selector" . | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{- /* sunk's node lock: the syncer's NoExecute taint on a node while a Slurm
+  job runs there (sunk.api.TAINT_NODE_LOCK). */ -}}
+{{- define "sunk.nodeLockTaint" -}}sunk.dev/slurm-job{{- end -}}
+
+{{- /* The namespaces the scheduler places pods of: its tenants' and
+  scheduler.podNamespace, as a JSON list. */ -}}
+{{- define "sunk.servedNamespaces" -}}
+{{- $served := list -}}
+{{- range .Values.scheduler.tenants }}{{ range .namespaces }}{{ $served = append $served . }}{{ end }}{{ end -}}
+{{- with .Values.scheduler.podNamespace }}{{ $served = append $served . }}{{ end -}}
+{{- $served | uniq | sortAlpha | toJson -}}
+{{- end -}}
