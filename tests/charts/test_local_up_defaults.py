@@ -8,6 +8,8 @@
   changes a Slurm value: an operator who shortens KillWait (jobs killed
   sooner after their SIGTERM) must see the scheduler follow it, not a
   second value left behind.
+- A Deployment's pods (an inference service scaling) are placed through Slurm
+  jobs and end them when scaled to zero.
 - A pod a queue holds with a scheduling gate gets no Slurm job until the
   gate is removed.
 - The slurmd pods are Burstable (memory requests), not BestEffort.
@@ -25,11 +27,23 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError
-from lightkube.models.core_v1 import PodSchedulingGate
+from lightkube.models.apps_v1 import DeploymentSpec
+from lightkube.models.core_v1 import PodSchedulingGate, PodTemplateSpec, ResourceRequirements
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from plugins.local_cluster import bound_job, kubectl, scheduler_pods, ssh, summary, tenant_pod
+from plugins.local_cluster import (
+    JOB_ID,
+    bound_job,
+    job_state,
+    kubectl,
+    scheduler_pods,
+    ssh,
+    summary,
+    tenant_pod,
+)
 from plugins.slurm_pods import wait_for
 from sunk_testbed.bed import NAMESPACE, RELEASE
 from sunk_testbed.control_plane import async_client
@@ -154,3 +168,68 @@ def test_slurmd_pods_are_burstable(local_cluster: Path) -> None:
     assert pods
     for pod in pods:
         assert pod["status"]["qosClass"] == "Burstable", pod["metadata"]["name"]
+
+
+@pytest.mark.timeout(400)
+async def test_a_deployment_scales_up_through_slurm_and_down_ending_its_jobs(
+    local_cluster: Path,
+) -> None:
+    """An inference service as platform teams deploy one: a Deployment whose
+    pods name sunk's scheduler, with Kubernetes' default grace period. Scaled
+    to two, each pod is placed through its own Slurm job; scaled to zero, the
+    pods go and so do their jobs."""
+    cluster = local_cluster
+    info = summary(cluster)
+    kube = async_client(Path(info["kubernetes"]["kubeconfig"]), field_manager="test")
+    template = default_pod(info, "unused")
+    assert template.spec is not None
+    # A tenth of a CPU in Kubernetes (Slurm allocates a whole one): on this
+    # bed Slurm's daemons run on the compute nodes too, and their requests
+    # leave less than two CPUs there for pods, which Slurm does not see.
+    template.spec.containers[0].resources = ResourceRequirements(requests={"cpu": "100m"})
+    labels = {"app": "inference"}
+    deployment = Deployment(
+        metadata=ObjectMeta(name="inference", namespace="default"),
+        spec=DeploymentSpec(
+            replicas=2,
+            selector=LabelSelector(matchLabels=labels),
+            template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=template.spec),
+        ),
+    )
+    jobs: set[str] = set()
+    try:
+        started = time.monotonic()
+        await kube.create(deployment)
+
+        async def placed() -> bool:
+            pods = [p async for p in kube.list(Pod, namespace="default", labels=labels)]
+            for pod in pods:
+                job = ((pod.metadata.annotations if pod.metadata else None) or {}).get(JOB_ID)
+                if job and pod.spec and pod.spec.nodeName:
+                    jobs.add(job)
+            return len(pods) == 2 and len(jobs) == 2
+
+        await wait_for("both replicas placed through Slurm", placed, timeout=180)
+        print(f"0 -> 2 replicas placed: {time.monotonic() - started:.1f}s")
+        for job in jobs:  # asked until squeue answers (a busy controller can time out)
+
+            async def running(job: str = job) -> bool:
+                return await asyncio.to_thread(job_state, cluster, job) == "RUNNING"
+
+            await wait_for(f"job {job} RUNNING in squeue", running, timeout=30)
+
+        await kube.patch(Deployment, "inference", {"spec": {"replicas": 0}}, namespace="default")
+
+        async def ended() -> bool:
+            pods = [p async for p in kube.list(Pod, namespace="default", labels=labels)]
+            states = [await asyncio.to_thread(job_state, cluster, job) for job in jobs]
+            return not pods and not {"RUNNING", "PENDING"} & set(states)
+
+        await wait_for("the replicas and their jobs gone", ended, timeout=120)
+    finally:
+        with contextlib.suppress(ApiError):
+            await kube.delete(Deployment, "inference", namespace="default")
+        async for pod in kube.list(Pod, namespace="default", labels=labels):
+            with contextlib.suppress(ApiError):
+                await kube.delete(Pod, pod.metadata.name or "", namespace="default", grace_period=0)  # type: ignore[union-attr]
+        await kube.close()

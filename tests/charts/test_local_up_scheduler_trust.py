@@ -21,6 +21,7 @@ from lightkube.resources.core_v1 import Pod
 from plugins.local_cluster import (
     JOB_ID,
     bound_job,
+    job_state,
     kubectl,
     scheduler_pods,
     ssh,
@@ -31,10 +32,6 @@ from plugins.slurm_pods import wait_for
 from sunk_testbed.control_plane import async_client
 
 pytestmark = pytest.mark.e2e
-
-
-def job_state(cluster: Path, job: str) -> str:
-    return str(ssh(cluster, f"squeue -h -j {job} -o %T 2>/dev/null || true")).strip()
 
 
 @pytest.mark.timeout(300)

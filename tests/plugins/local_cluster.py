@@ -129,6 +129,10 @@ def scheduler_pods(cluster: Path) -> dict[str, int]:
     return pods
 
 
+def job_state(cluster: Path, job: str) -> str:
+    return str(ssh(cluster, f"squeue -h -j {job} -o %T 2>/dev/null || true")).strip()
+
+
 def running_slurm_pods(state: Path) -> dict[str, tuple[str, int]]:
     """Every running pod of the Slurm namespace: its uid and the restarts of its
     containers (init ones too), to show that nothing was restarted or replaced."""
