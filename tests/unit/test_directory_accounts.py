@@ -4,27 +4,13 @@ in tests/charts/test_local_up_identity.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).parents[2] / "charts" / "slurm" / "files" / "directory_accounts.py"
+from plugins.chart_files import chart_module
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("directory_accounts", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-da = _load()
+da = chart_module("directory_accounts")
 MARK = da.MARK
 
 

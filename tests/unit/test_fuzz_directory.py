@@ -12,31 +12,15 @@ back the same.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from plugins.chart_files import chart_module
+
 pytestmark = pytest.mark.unit
 
-SCRIPT = Path(__file__).parents[2] / "charts" / "slurm" / "files" / "directory_accounts.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("directory_accounts_fuzz", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-da = _load()
+da = chart_module("directory_accounts")
 # The slurm chart's default reserved ids (`ids`, `admins`, identity.reservedIds).
 RESERVED = frozenset({64030, 64031, 64032, 64033, 64034, 64035, 64036, 64040, 64041, 65532, 65534})
 RANGE = da.IdRange(1000, 59999, RESERVED)
