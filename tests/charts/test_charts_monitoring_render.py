@@ -28,7 +28,12 @@ SLURMCTLD_PATHS = {
     "/metrics/jobs-users-accts",
     "/metrics/scheduler",
 }
-SUNK_ALERTS = ["SunkSlurmViewStale", "SunkNodeDrainedTooLong", "SunkPodsWaitingOnSlurm"]
+SUNK_ALERTS = [
+    "SunkComponentDown",  # one rule per component, one name
+    "SunkSlurmViewStale",
+    "SunkNodeDrainedTooLong",
+    "SunkPodsWaitingOnSlurm",
+]
 
 
 @pytest.fixture(scope="module")
