@@ -12,8 +12,8 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
-from lightkube.resources.events_v1 import Event
 
+from plugins.kube import event_note
 from sunk.scheduler.kill_wait_watch import SLURM_CONF_KEY, KillWaitWatch
 from sunk.slurm.conf import DEFAULT_KILL_WAIT
 
@@ -49,14 +49,7 @@ async def test_kill_wait_follows_the_configmap(kube: AsyncClient, namespace: str
 
         await patch("ClusterName=hpc\nKillWait=soon\n")
 
-        async def refusal() -> str:
-            while True:
-                async for event in kube.list(Event, namespace=namespace):
-                    if event.reason == "InvalidSlurmConfig":
-                        return event.note or ""
-                await asyncio.sleep(0.1)
-
-        note = await asyncio.wait_for(refusal(), 10)
+        note = await event_note(kube, namespace, "InvalidSlurmConfig")
         assert f"ConfigMap {namespace}/{NAME}" in note
         assert "KillWait='soon'" in note
         assert "KillWait stays 20s" in note

@@ -12,8 +12,8 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
-from lightkube.resources.events_v1 import Event
 
+from plugins.kube import event_note
 from sunk.scheduler.tenancy_watch import TENANCY_KEY, TenancyWatch
 
 pytestmark = pytest.mark.contract
@@ -73,14 +73,7 @@ async def test_tenancy_edits_apply_live_and_a_bad_one_keeps_the_last_good(
             namespace=namespace,
         )
 
-        async def refusal() -> str:
-            while True:
-                async for event in kube.list(Event, namespace=namespace):
-                    if event.reason == "InvalidTenancy":
-                        return event.note or ""
-                await asyncio.sleep(0.1)
-
-        note = await asyncio.wait_for(refusal(), 10)
+        note = await event_note(kube, namespace, "InvalidTenancy")
         assert f"ConfigMap {namespace}/{NAME}" in note
         assert "below 1000" in note
         assert watch.current().grant_for("team-b") is not None

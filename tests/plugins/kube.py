@@ -23,6 +23,7 @@ import yaml
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
+from lightkube.resources.events_v1 import Event
 
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, async_client
 from sunk_testbed.procs import Supervisor
@@ -122,3 +123,16 @@ async def namespace(kube: AsyncClient, request: pytest.FixtureRequest) -> AsyncI
     except ApiError as e:
         if e.status.code != 404:
             raise
+
+
+async def event_note(kube: AsyncClient, namespace: str, reason: str, within: float = 10) -> str:
+    """The note of the first Event with `reason` in `namespace`, once there is one."""
+
+    async def first() -> str:
+        while True:
+            async for event in kube.list(Event, namespace=namespace):
+                if event.reason == reason:
+                    return event.note or ""
+            await asyncio.sleep(0.1)
+
+    return await asyncio.wait_for(first(), within)
