@@ -12,7 +12,6 @@ from typing import Any
 
 from lightkube.models.core_v1 import (
     Affinity,
-    Container,
     EnvVar,
     Node,
     NodeAffinity,
@@ -36,6 +35,7 @@ from sunk.api import (
     TAINT_NODE_LOCK,
 )
 from sunk.api import nodeset as api
+from sunk.kube.resources import pod_request
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -118,32 +118,13 @@ def gpu_plugin_not_serving(node: Node) -> bool:
     return RESOURCE_NODE_GPUS in allocatable and not _allocatable(node, RESOURCE_NODE_GPUS)
 
 
-def pod_requests(spec: PodSpec | None) -> dict[str, Any]:
-    """The CPU and memory a pod requests as the kubelet counts them: its
-    containers and sidecars (init containers that restart) together, or a
-    plain init container's, whichever is more."""
-    spec = spec or PodSpec(containers=[])
-    inits = spec.initContainers or []
-    running = [*spec.containers, *(c for c in inits if c.restartPolicy == "Always")]
-    one_off = [c for c in inits if c.restartPolicy != "Always"]
-
-    def requested(container: Container, resource: str) -> Any:
-        value = ((container.resources.requests if container.resources else None) or {}).get(
-            resource
-        )
-        return parse_quantity(value) if value is not None else 0
-
-    return {
-        resource: max(
-            sum(requested(c, resource) for c in running),
-            max((requested(c, resource) for c in one_off), default=0),
-        )
-        for resource in ("cpu", "memory")
-    }
+def pod_requests(spec: PodSpec | None) -> dict[str, float]:
+    """The CPU and memory a pod requests, as the kubelet counts them."""
+    return {resource: pod_request(spec, resource) for resource in ("cpu", "memory")}
 
 
 def slurmd_conf(
-    nodeset: str, spec: api.SlurmNodeSpec, node: Node, reserved: Mapping[str, Any] | None = None
+    nodeset: str, spec: api.SlurmNodeSpec, node: Node, reserved: Mapping[str, float] | None = None
 ) -> str:
     """The --conf line of a dynamic node: features and resources.
 
@@ -159,12 +140,13 @@ def slurmd_conf(
     resources = spec.resources
     cpus = resources.cpus
     if cpus is None and (allocatable := _allocatable(node, "cpu")) is not None:
-        cpus = max(1, math.floor(allocatable - reserved.get("cpu", 0)))
+        cpus = max(1, math.floor(float(allocatable) - reserved.get("cpu", 0)))
     if cpus is not None:
         parts.append(f"CPUs={cpus}")
     memory = resources.real_memory_mib
     if memory is None and (allocatable := _allocatable(node, "memory")) is not None:
-        memory = max(1, math.floor((allocatable - reserved.get("memory", 0)) / (1024 * 1024)))
+        free = float(allocatable) - reserved.get("memory", 0)
+        memory = max(1, math.floor(free / (1024 * 1024)))
     if memory is not None:
         parts.append(f"RealMemory={memory}")
     gres = resources.gres

@@ -14,11 +14,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lightkube.models.core_v1 import Container
 from lightkube.resources.core_v1 import Pod
-from lightkube.utils.quantity import parse_quantity
 
 from sunk.api import DOMAIN
+from sunk.kube.resources import pod_request
 from sunk.scheduler.seal import JobSeal
 from sunk.scheduler.tenancy import MIN_ID, Tenancy
 from sunk.slurm.models import JobSpec
@@ -170,44 +169,14 @@ def _positive(value: str | None, what: str) -> int:
     return number
 
 
-def _container_requests(container: Container) -> Mapping[str, str]:
-    resources = container.resources
-    if resources is None:
-        return {}
-    # Kubernetes defaults a missing request to the limit; extended resources live in limits.
-    return {**(resources.limits or {}), **(resources.requests or {})}
-
-
-def _sum(containers: Sequence[Container], name: str) -> float:
-    total = 0.0
-    for container in containers:
-        value = _container_requests(container).get(name)
-        if value is not None:
-            total += float(parse_quantity(value) or 0)
-    return total
-
-
 def resources_of(pod: Pod) -> Resources:
     """The pod's requests, as Kubernetes counts them: the sum over containers, or the
     largest init container if that is more; CPUs rounded up to whole ones (at least 1)."""
-    spec = pod.spec
-    containers = list(spec.containers) if spec else []
-    inits = list((spec.initContainers if spec else None) or [])
-
-    def need(name: str) -> float:
-        regular = _sum(containers, name)
-        # Sidecars (restartPolicy Always) run alongside; plain init containers before.
-        sidecars = _sum([c for c in inits if c.restartPolicy == "Always"], name)
-        largest_init = max(
-            (_sum([c], name) for c in inits if c.restartPolicy != "Always"), default=0
-        )
-        return max(regular + sidecars, largest_init + sidecars)
-
-    memory = need("memory")
+    memory = pod_request(pod.spec, "memory")
     return Resources(
-        cpus=max(1, math.ceil(need("cpu") - 1e-9)),
+        cpus=max(1, math.ceil(pod_request(pod.spec, "cpu") - 1e-9)),
         memory_mib=math.ceil(memory / (1024 * 1024)) if memory > 0 else None,
-        gpus=math.ceil(need(GPU_RESOURCE)),
+        gpus=math.ceil(pod_request(pod.spec, GPU_RESOURCE)),
     )
 
 
