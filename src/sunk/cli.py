@@ -172,6 +172,7 @@ def tokens(
         str | None,
         typer.Option(help="The scheduler's tenancy ConfigMap, whose granted uids get tokens."),
     ] = None,
+    metrics_port: MetricsPortOption = 9090,
     verbose: VerboseOption = False,
 ) -> None:
     """Keep a fresh Slurm token in each component's Secret (the one holder of the key)."""
@@ -203,6 +204,7 @@ def tokens(
             tenancy_configmap,
             signing_keys,
             slurmrestd,
+            metrics_port or None,
         )
     )
 

@@ -30,6 +30,7 @@ SLURMCTLD_PATHS = {
 }
 SUNK_ALERTS = [
     "SunkComponentDown",  # one rule per component, one name
+    "SunkTokensNotRefreshed",
     "SunkSlurmViewStale",
     "SunkNodeDrainedTooLong",
     "SunkPodsWaitingOnSlurm",
@@ -103,7 +104,12 @@ def test_with_the_operator_crds_service_monitors_select_the_metrics_services(
         (
             "sunk-cluster",
             "rel",
-            {"rel-operator-metrics", "rel-syncer-metrics", "rel-scheduler-metrics"},
+            {
+                "rel-operator-metrics",
+                "rel-syncer-metrics",
+                "rel-scheduler-metrics",
+                "rel-tokens-metrics",
+            },
         ),
         ("slurm", "rel-slurmctld", {"rel-slurmctld-metrics"}),
     ):

@@ -394,16 +394,21 @@ def test_each_component_has_probes_a_budget_and_spread_replicas(helm: Helm) -> N
         ]
         assert term["podAffinityTerm"]["labelSelector"] == selector
         assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-        if component != "tokens":
-            (container,) = spec["containers"]
-            for probe in ("readinessProbe", "livenessProbe"):
-                assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
-            assert container["ports"] == [{"name": "metrics", "containerPort": 9090}]
+        (container,) = spec["containers"]
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+        assert container["ports"] == [{"name": "metrics", "containerPort": 9090}]
+        services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+        assert services[f"rel-{component}-metrics"]["spec"]["selector"] == selector["matchLabels"]
     (rules,) = [d for d in docs if d["metadata"]["name"] == "rel-prometheus-rules"]
     groups = yaml.safe_load(rules["data"]["sunk.rules.yaml"])["groups"]
     down = [r for g in groups for r in g["rules"] if r.get("alert") == "SunkComponentDown"]
-    assert [r["labels"]["component"] for r in down] == ["operator", "syncer", "scheduler"]
+    assert [r["labels"]["component"] for r in down] == ["operator", "syncer", "scheduler", "tokens"]
     assert 'absent(up{namespace="hpc", service="rel-syncer-metrics"})' in down[1]["expr"]
+    (refreshed,) = [
+        r for g in groups for r in g["rules"] if r.get("alert") == "SunkTokensNotRefreshed"
+    ]
+    assert 'sunk_tokens_written_timestamp_seconds{namespace="hpc"}) > 1200' in refreshed["expr"]
     one = helm.run(["template", "rel", str(CHARTS / "sunk-cluster"), "--set=operator.replicas=1"])
     budgets_of_one = [
         d for d in yaml.safe_load_all(one) if d and d["kind"] == "PodDisruptionBudget"

@@ -327,7 +327,7 @@ def wait_until_every_target_is_up(prometheus: Prometheus) -> dict[str, str]:
             f"slurm-slurmctld-metrics-{e}"
             for e in ("jobs", "nodes", "partitions", "accounts", "scheduler")
         ),
-        *(f"sunk-{c}-metrics" for c in ("operator", "syncer", "scheduler")),
+        *(f"sunk-{c}-metrics" for c in ("operator", "syncer", "scheduler", "tokens")),
     }
 
     def all_up() -> bool:
@@ -510,17 +510,22 @@ def test_a_stopped_slurmctld_fires_slurmctld_down(
     print(f"slurmctld stopped and back in {time.monotonic() - stopped:.1f} s")
 
 
+@pytest.mark.timeout(600)  # four components, about a minute each
 def test_a_component_with_no_replica_left_fires_sunk_component_down(
     local_cluster: Path, prometheus: Prometheus
 ) -> None:
-    """The operator, the syncer and the scheduler, each scaled to zero in turn:
+    """The operator, the syncer, the scheduler and the token minter, each
+    scaled to zero in turn:
     its SunkComponentDown fires (no target left to scrape; the stale-view
     alert cannot say so, its series gone with the pods) and no other; back,
     the alert ends."""
     state = local_cluster
     wait_until_every_target_is_up(prometheus)
-    assert prometheus.down() == set()
-    for component in ("operator", "syncer", "scheduler"):
+    # The rules are evaluated on their own interval, after the scrapes.
+    prometheus.wait(
+        "no SunkComponentDown", lambda: not prometheus.down(), within=60, report=prometheus.down
+    )
+    for component in ("operator", "syncer", "scheduler", "tokens"):
         deployment = f"{CLUSTER_RELEASE}-{component}"
         replicas = ok(
             kubectl(state, "-n", "slurm", "get", "deployment", deployment, "-o",

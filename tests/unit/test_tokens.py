@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from sunk.tokens.run import (
     TOKEN_KEY,
     NewestTakenKey,
     TokenGrant,
+    TokenMetrics,
     run_tokens,
     tenant_uids,
     write_tenant_tokens,
@@ -151,6 +153,37 @@ async def test_a_rotated_hs256_key_file_signs_the_next_rounds_tokens(tmp_path: P
         path.write_bytes(new)
         await _until(lambda: signed_with(new))
         assert not signed_with(KEY)
+    finally:
+        minting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await minting
+
+
+async def test_each_round_is_exported_with_its_time_and_tenant_count() -> None:
+    """What an alert needs to say the tokens age: when every Secret was last
+    written, and how many rounds there were."""
+    kube = FakeKube()
+    metrics = TokenMetrics()
+    before = time.time()
+    minting = asyncio.create_task(
+        run_tokens(
+            kube,  # type: ignore[arg-type]
+            "ns",
+            [TokenGrant("t", "sunk-syncer")],
+            StaticKey(KEY),
+            lifetime=3600,
+            refresh=0.05,
+            metrics=metrics,
+        )
+    )
+
+    def value(name: str) -> float:
+        return metrics.registry.get_sample_value(name) or 0.0
+
+    try:
+        await _until(lambda: value("sunk_tokens_writes_total") >= 2)
+        assert value("sunk_tokens_written_timestamp_seconds") >= before
+        assert value("sunk_tokens_tenant_uids") == 0
     finally:
         minting.cancel()
         with contextlib.suppress(asyncio.CancelledError):

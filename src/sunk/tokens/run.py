@@ -40,6 +40,7 @@ from pathlib import Path
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Secret, ServiceAccount
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from sunk.kube.client import kube_client
 from sunk.kube.retry import until_answered
@@ -240,6 +241,29 @@ class TenantTokens:
     tenancy: TenancyWatch
 
 
+class TokenMetrics:
+    """What `sunk tokens` exports: when every Secret was last written, so an
+    alert can say the components' tokens are ageing towards expiry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.written = Gauge(
+            "sunk_tokens_written_timestamp_seconds",
+            "When a fresh token was last written into every Secret (Unix time).",
+            registry=self.registry,
+        )
+        self.writes = Counter(
+            "sunk_tokens_writes",
+            "Rounds in which every Secret got a fresh token.",
+            registry=self.registry,
+        )
+        self.tenant_uids = Gauge(
+            "sunk_tokens_tenant_uids",
+            "Granted tenant uids with a token in the last round.",
+            registry=self.registry,
+        )
+
+
 # Seconds between looks at the keys: a key added to the Secret, or one Slurm
 # did not take yet, is tried this often.
 KEY_POLL = 10.0
@@ -256,6 +280,7 @@ async def run_tokens(
     owner: OwnerReference | None = None,
     tenants: TenantTokens | None = None,
     key_poll: float = KEY_POLL,
+    metrics: TokenMetrics | None = None,
 ) -> None:
     """Every `refresh` seconds, at once when the tenancy changes, and at once
     when the key to sign with changes, a fresh token in every grant's Secret
@@ -278,8 +303,12 @@ async def run_tokens(
             changed.clear()
             key = await keys.key()
             if write or key != written_with or time.monotonic() >= due:
-                await _write_all(kube, namespace, grants, key, lifetime, owner, tenants)
+                uids = await _write_all(kube, namespace, grants, key, lifetime, owner, tenants)
                 written_with, due = key, time.monotonic() + refresh
+                if metrics is not None:
+                    metrics.written.set_to_current_time()
+                    metrics.writes.inc()
+                    metrics.tenant_uids.set(uids)
             wait = min(due - time.monotonic(), key_poll)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), max(0.0, wait))
@@ -293,7 +322,8 @@ async def _write_all(
     lifetime: float,
     owner: OwnerReference | None,
     tenants: TenantTokens | None,
-) -> None:
+) -> int:
+    """Write every Secret; the number of tenant uids given a token."""
     for grant in grants:
         await until_answered(
             f"writing Secret {namespace}/{grant.secret}",
@@ -310,6 +340,7 @@ async def _write_all(
             ),
         )
     log.info("tokens for %d grants and %d tenant uids written", len(grants), len(uids))
+    return len(uids)
 
 
 async def main(
@@ -324,7 +355,11 @@ async def main(
     tenancy_configmap: str | None = None,
     signing_keys: Path | None = None,
     restapi_url: str | None = None,
+    metrics_port: int | None = None,
 ) -> None:
+    metrics = TokenMetrics()
+    if metrics_port is not None:
+        start_http_server(metrics_port, registry=metrics.registry)
     kube = kube_client(kubeconfig, "sunk-tokens")
     try:
         owner = None
@@ -349,6 +384,7 @@ async def main(
             refresh=refresh,
             owner=owner,
             tenants=tenants,
+            metrics=metrics,
         )
     finally:
         await kube.close()
