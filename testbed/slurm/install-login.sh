@@ -14,8 +14,9 @@ getent passwd slurm >/dev/null || useradd --system --uid 64030 --gid slurm --hom
 getent group munge >/dev/null || groupadd --system --gid 64033 munge
 getent passwd munge >/dev/null || useradd --system --uid 64033 --gid munge --home-dir /nonexistent --shell /usr/sbin/nologin munge
 apt-get update -qq
-# slurm-client depends on munge (libmunge and munged, which the pod runs from
-# the daemons' image). slurm.conf names auth/jwt in AuthAltTypes: its plugin too.
+# The clients need libmunge only: the pod's munged is a sidecar from the
+# daemons' image (trixie's slurm-client still pulls in munge's package).
+# slurm.conf names auth/jwt in AuthAltTypes: its plugin too.
 # libopenmpi-dev and openmpi-bin: the Open MPI the compute image runs, so a
 # program built here with mpicc runs in jobs.
 apt-get install -y -qq --no-install-recommends \
@@ -26,8 +27,9 @@ apt-get clean
 rm -rf /var/lib/apt/lists/*
 
 mkdir -p /etc/slurm /run/sshd
-# Host keys are generated per login deployment (a Secret), never baked in.
-rm -f /etc/ssh/ssh_host_*
+# Host keys are generated per login deployment (a Secret), never baked in;
+# so is the munge key (munge's package makes one where it is installed).
+rm -f /etc/ssh/ssh_host_* /etc/munge/munge.key
 # The clients read slurm.conf (mounted at run time) even for --version: only found here.
 command -v sbatch srun squeue sacct scontrol >/dev/null
 mpicc --version
