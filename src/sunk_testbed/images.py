@@ -196,16 +196,20 @@ def _tree_files(path: Path) -> list[Path]:
 
 def _specs(coredns: Path | None) -> list[_Spec]:
     # images/slurm/containers: the container-jobs SPANK plugin both images load.
-    slurm_inputs = (Path("testbed/slurm/install-slurm.sh"), Path("images/slurm/containers"))
+    plugin = Path("images/slurm/containers")
+    slurm_kinds = (
+        ("slurm", "sunk/slurm", (Path("testbed/slurm/install-slurm.sh"), plugin)),
+        ("login", "sunk/slurm-login", (Path("testbed/slurm/install-login.sh"), plugin)),
+    )
     specs = []
     for release, suite in SLURM_SUITES.items():
-        for kind, repository in (("slurm", "sunk/slurm"), ("login", "sunk/slurm-login")):
+        for kind, repository, inputs in slurm_kinds:
             specs.append(
                 _Spec(
                     slurm_image_field(kind, release),
                     repository,
                     "dockerfile",
-                    slurm_inputs,
+                    inputs,
                     Path(f"images/{kind}/Dockerfile"),
                     suite=suite,
                 )
@@ -392,7 +396,7 @@ def _build_dockerfile(buildah: _Buildah, spec: _Spec, name: str) -> None:
             *_host_trust_for_pip(),
             *_apt_accepts_an_old_mirror(),
             "--pull=never",
-            "--layers",  # slurm and login share their Slurm layer; sunk's deps survive src changes
+            "--layers",  # slurm and login share the SPANK stage; sunk's deps survive src changes
             "--network",
             "host",
             "--isolation",

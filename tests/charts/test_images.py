@@ -13,18 +13,39 @@ from sunk_testbed.images import DEFAULT_SLURM, SLURM_SUITES
 from sunk_testbed.paths import REPO_ROOT
 
 IMAGES = REPO_ROOT / "images"
-INSTALL = "testbed/slurm/install-slurm.sh"
+# The daemons' image runs the test bed root filesystem's script; the login
+# image its own, without the daemons.
+INSTALL = {"slurm": "install-slurm.sh", "login": "install-login.sh"}
 
 
 @pytest.mark.parametrize("image", ["slurm", "login"])
-def test_slurm_images_run_the_root_filesystem_install_script(image: str) -> None:
+def test_slurm_images_run_their_install_script(image: str) -> None:
     text = (IMAGES / image / "Dockerfile").read_text()
     # The suite is the Slurm release: the default one's, unless the build says otherwise.
     default = SLURM_SUITES[DEFAULT_SLURM]
     assert re.search(rf"^ARG DEBIAN_SUITE={default}$", text, re.MULTILINE)
     assert re.search(r"^FROM debian:\$\{DEBIAN_SUITE\}-slim$", text, re.MULTILINE)
-    assert f"COPY {INSTALL} /tmp/install-slurm.sh" in text
-    assert "RUN bash /tmp/install-slurm.sh" in text
+    script = INSTALL[image]
+    assert f"COPY testbed/slurm/{script} /tmp/{script}" in text
+    assert f"RUN bash /tmp/{script}" in text
+
+
+def fixed_ids(script: str) -> dict[str, int]:
+    """The users and groups an install script creates with fixed ids."""
+    text = (REPO_ROOT / "testbed" / "slurm" / script).read_text()
+    users = re.findall(r"useradd --system --uid (\d+) .* (\S+)$", text, re.MULTILINE)
+    groups = re.findall(r"groupadd --system --gid (\d+) (\S+)$", text, re.MULTILINE)
+    assert [name for _, name in users] == [name for _, name in groups]
+    return {name: int(uid) for uid, name in users}
+
+
+def test_the_login_image_gives_its_users_the_daemons_ids() -> None:
+    # The login pod reads the daemons' image's /etc/passwd: ids must agree.
+    login, daemons = fixed_ids("install-login.sh"), fixed_ids("install-slurm.sh")
+    assert set(login) == {"slurm", "munge"}
+    assert login == {name: daemons[name] for name in login}
+    ids = yaml.safe_load((CHARTS / "slurm" / "values.yaml").read_text())["ids"]
+    assert daemons == {name: ids[name] for name in daemons}
 
 
 def test_the_charts_default_to_the_images_build_sh_makes() -> None:

@@ -159,10 +159,53 @@ def test_the_bed_registry_is_read_only(images: ImageSet, registry: str, tmp_path
     assert refused.returncode != 0
 
 
+# What the Slurm images must and must not hold, as paths in their layers. A
+# symlink counts: Debian links usr/bin/gcc to gcc-<version>, and usr/bin/mpicc
+# and usr/bin/mpirun through /etc/alternatives.
+SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "slurmrestd")
+DATABASE_SERVERS = ("usr/sbin/mariadbd", "usr/sbin/mysqld")
+DAEMONS_IMAGE_HOLDS = (
+    *(f"usr/sbin/{daemon}" for daemon in (*SLURM_DAEMONS, "munged", "sshd", "nslcd")),
+    "usr/sbin/mariadbd",
+    "usr/bin/mpirun",  # Open MPI, for training jobs
+    "usr/bin/skopeo",  # container jobs fetch images with these two
+    "usr/bin/umoci",
+)
+MPI_HEADER = "usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"
+# Compute nodes run programs; they build none (the login pod does). Their
+# openmpi-bin carries mpicc's wrapper, which without these builds nothing.
+DAEMONS_IMAGE_LACKS = ("usr/bin/gcc", "usr/bin/cc", MPI_HEADER)
+LOGIN_IMAGE_HOLDS = (
+    *(f"usr/bin/{client}" for client in ("sbatch", "srun", "salloc", "squeue", "sinfo")),
+    *(f"usr/bin/{client}" for client in ("sacct", "sacctmgr", "scontrol", "scancel")),
+    "usr/bin/gcc",
+    "usr/bin/g++",
+    "usr/bin/make",
+    "usr/bin/mpicc",
+    MPI_HEADER,
+    "usr/bin/mpirun",
+    "usr/bin/python3",
+    "usr/bin/vi",
+    "usr/bin/vim.tiny",
+    "usr/bin/nano",
+    "usr/bin/less",
+    "usr/bin/git",
+    "usr/bin/curl",
+    "usr/bin/ssh",
+    "usr/sbin/sshd",
+    "usr/lib/openssh/sftp-server",  # the chart's sshd_config names it
+    "usr/lib/openssh/ssh-keysign",  # hostbased ssh to the nodes of one's jobs
+    "usr/bin/ldapsearch",  # sshd's AuthorizedKeysCommand with identity.provider ldap
+    "usr/lib/sunk/spank_containers.so",
+)
+# The one host users reach: no Slurm daemon, no database server.
+LOGIN_IMAGE_LACKS = (*(f"usr/sbin/{daemon}" for daemon in SLURM_DAEMONS), *DATABASE_SERVERS)
+
+
 def test_slurm_images_hold_the_daemons(images: ImageSet, registry: str, tmp_path: Path) -> None:
     files, read = pulled(registry, images.slurm, tmp_path, read=("etc/passwd", "etc/nsswitch.conf"))
-    for daemon in ("slurmctld", "slurmd", "slurmdbd", "slurmrestd", "munged", "sshd", "nslcd"):
-        assert f"usr/sbin/{daemon}" in files, daemon
+    assert [path for path in DAEMONS_IMAGE_HOLDS if path not in files] == []
+    assert [path for path in DAEMONS_IMAGE_LACKS if path in files] == []
     assert b"slurm:x:64030:64030:" in read["etc/passwd"]
     # nslcd's NSS module is there for identity.provider ldap, unused until the chart asks.
     assert [path for path in files if path.endswith("/libnss_ldap.so.2")]
@@ -170,9 +213,32 @@ def test_slurm_images_hold_the_daemons(images: ImageSet, registry: str, tmp_path
     assert not [path for path in files if path.startswith("var/lib/apt/lists/deb.")]
     assert not [path for path in files if path.startswith("usr/share/man/")], "not slim"
     assert config_of(registry, images.slurm)["Cmd"] == ["slurmctld", "-D"]
-    login = config_of(registry, images.login)
-    assert login["Cmd"] == ["/usr/sbin/sshd", "-D", "-e"]
-    assert "22/tcp" in login["ExposedPorts"]
+
+
+@pytest.mark.parametrize("field", ["login", "login_24_11"])
+def test_login_images_hold_clients_and_compilers_but_no_daemon(
+    images: ImageSet, registry: str, tmp_path: Path, field: str
+) -> None:
+    image: Image = getattr(images, field)
+    files, read = pulled(registry, image, tmp_path, read=("etc/passwd", "etc/nsswitch.conf"))
+    assert [path for path in LOGIN_IMAGE_HOLDS if path not in files] == []
+    assert [path for path in LOGIN_IMAGE_LACKS if path in files] == []
+    # Slurm's clients authenticate with munge and, for `scontrol token`, know auth/jwt.
+    for plugin in ("auth_munge.so", "auth_jwt.so"):
+        assert [path for path in files if path.endswith(f"/slurm-wlm/{plugin}")], plugin
+    assert [path for path in files if path.endswith("/libnss_ldap.so.2")]
+    assert b"ldap" not in read["etc/nsswitch.conf"]
+    # The daemons' image's ids, whose /etc/passwd the login pod reads.
+    assert b"slurm:x:64030:64030:" in read["etc/passwd"]
+    assert b"munge:x:64033:64033:" in read["etc/passwd"]
+    # Host keys and the munge key are the deployment's Secrets, never the image's.
+    assert not [path for path in files if path.startswith("etc/ssh/ssh_host_")]
+    assert "etc/munge/munge.key" not in files
+    assert not [path for path in files if path.startswith("var/lib/apt/lists/deb.")]
+    assert not [path for path in files if path.startswith("usr/share/man/")], "not slim"
+    config = config_of(registry, image)
+    assert config["Cmd"] == ["/usr/sbin/sshd", "-D", "-e"]
+    assert "22/tcp" in config["ExposedPorts"]
 
 
 def test_ldap_image_holds_slapd_and_no_directory(
