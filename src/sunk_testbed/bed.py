@@ -217,8 +217,17 @@ class Bed:
                 RELEASE,
                 prepared.images.sunk,
                 namespace=NAMESPACE,
-                # Pods of the default namespace run in Slurm as the researcher.
-                tenants=[{"namespaces": ["default"], "uids": str(USER_UID), "user": USER_UID}],
+                # Pods of the default namespace run in Slurm as the researcher, in
+                # the account that grants inference and high (normal by default).
+                tenants=[
+                    {
+                        "namespaces": ["default"],
+                        "uids": str(USER_UID),
+                        "user": USER_UID,
+                        "accounts": [charts.RESEARCH_ACCOUNT],
+                        "qos": list(charts.RESEARCH_QOS),
+                    }
+                ],
                 gpu_plugin={
                     "deviceDir": str(charts.stand_in_gpus(self.state_dir / "gpus", GPUS)),
                     "kubeletRootDir": f"{node_bed.group.dir}/{{node}}/kubelet",

@@ -43,6 +43,10 @@ RESTAPI_PORT = 6820
 # name with the credentials of the Secret named PRIVATE_REGISTRY_PULL.
 PRIVATE_REGISTRY_HOST = "private.sunk.test"
 PRIVATE_REGISTRY_PULL = "private-registry-pull"
+# The chart account the bed's users and its served namespace's pods run in,
+# and the QOS it grants (the slurm chart's defaults; the first is the default).
+RESEARCH_ACCOUNT = "research"
+RESEARCH_QOS = ("normal", "inference", "high")
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,22 @@ def slurm_values(
         "partitions": [{"name": "debug", "nodesets": [nodeset], "default": True}],
         # slurmctld's OpenMetrics endpoints came with 25.11; 24.11 refuses MetricsType.
         "metrics": {"enabled": slurm_release >= "25.11"},
-        "accounting": {"mariadb": {"persistence": {"storageClassName": STORAGE_CLASS}}},
+        "accounting": {
+            "mariadb": {"persistence": {"storageClassName": STORAGE_CLASS}},
+            # The bed's users may run jobs in `research`, which grants the chart's
+            # inference and high QOS: what a platform team sets for a team it
+            # trusts to preempt training (and its namespace's pods, through
+            # sunk-cluster's tenants[].accounts and qos). Their own accounts (the
+            # directory group's, or `users`) keep the cluster's: normal alone.
+            "accounts": {
+                RESEARCH_ACCOUNT: {
+                    "description": "the bed users: inference and high granted",
+                    "qos": list(RESEARCH_QOS),
+                    "defaultQos": "normal",
+                    "users": [user.name for user in users],
+                }
+            },
+        },
         "login": {
             "authorizedKeys": {user.name: user.public_key for user in users},
             "volumes": [home_volume],

@@ -186,7 +186,7 @@ def test_the_in_chart_directory_is_seeded_from_values_and_only_slurm_reaches_it(
     components = {
         p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]
     }
-    assert components == {"slurmctld", "slurmd", "login", "slurmrestd", "slurmdbd", "admins"}
+    assert components == {"slurmctld", "slurmd", "login", "slurmrestd", "slurmdbd", "accounting"}
 
 
 def test_ssh_takes_the_directorys_keys_and_passwords_only_when_asked(
@@ -285,10 +285,6 @@ def test_an_external_directory_needs_no_server_and_may_be_read_anonymously(
         ({"provider": "ldap", "ldap": {"minUid": 0}}, r"identity[./]ldap[./]minUid"),
         ({"provider": "ldap", "ldap": {"sever": {}}}, r"sever"),
         (
-            {"provider": "static", "ldap": {"accounts": {"enabled": True}}},
-            r"identity\.ldap\.accounts\.enabled: directory groups need identity\.provider ldap",
-        ),
-        (
             {"provider": "ldap", "ldap": {"uri": "ldap://x", "accounts": {"groups": ["a b"]}}},
             r"identity[./]ldap[./]accounts[./]groups",
         ),
@@ -303,7 +299,6 @@ def test_an_external_directory_needs_no_server_and_may_be_read_anonymously(
         "base-not-dc",
         "min-uid-too-low",
         "unknown-key",
-        "accounts-without-directory",
         "accounts-group-not-a-name",
     ],
 )
@@ -319,9 +314,14 @@ def test_directory_groups_as_accounts_run_beside_slurmdbd_as_slurmuser(
 ) -> None:
     """`identity.ldap.accounts`: a loop in the slurmdbd pod (sacctmgr over
     munge as SlurmUser, the directory through the pod's nslcd), its settings
-    in a file it re-reads; off by default, and only with accounting."""
-    assert "directory-accounts" not in {
+    in a file it re-reads; on by default (enforcement needs every directory
+    user's association), only with accounting, and never with static users."""
+    assert "directory-accounts" in {
         c["name"] for c in pod_specs(render(helm, tmp_path, SEEDED))["rel-slurmdbd"]["containers"]
+    }
+    static = render(helm, tmp_path, {"identity": {"ldap": {"accounts": {"enabled": True}}}})
+    assert "directory-accounts" not in {
+        c["name"] for c in pod_specs(static)["rel-slurmdbd"]["containers"]
     }
     values = {
         **SEEDED,
@@ -344,7 +344,13 @@ def test_directory_groups_as_accounts_run_beside_slurmdbd_as_slurmuser(
     scripts = of_kind(docs, "ConfigMap")["rel-scripts"]["data"]
     settings = yaml.safe_load(scripts["directory_accounts.json"])
     assert settings.pop("reserved")  # and the directory range: as nslcd's filters
-    assert settings == {"groups": ["research"], "interval": 30, "minUid": 1000, "maxUid": 59999}
+    assert settings == {
+        "groups": ["research"],
+        "interval": 30,
+        "qos": [],  # inherit accounting.clusterQos
+        "minUid": 1000,
+        "maxUid": 59999,
+    }
     assert "def plan(" in scripts["directory_accounts.py"]
     values["accounting"] = {"enabled": False}
     assert "set accounting.enabled too" in refused(helm, tmp_path, values)
@@ -364,7 +370,7 @@ def test_password_login_and_accounts_roll_only_what_uses_them(helm: Helm, tmp_pa
             if d["kind"] in ("StatefulSet", "Deployment", "NodeSet")
         }
 
-    before = templates({"server": {"enabled": True}})
+    before = templates({"server": {"enabled": True}, "accounts": {"enabled": False}})
     after = templates(
         {"server": {"enabled": True}, "passwordLogin": True, "accounts": {"enabled": True}}
     )

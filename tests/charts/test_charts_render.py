@@ -438,9 +438,13 @@ def test_admins_without_accounting_are_refused_naming_both_values(helm: Helm) ->
         helm.run(["template", "rel", str(CHARTS / "slurm"), "--set", "accounting.enabled=false"])
     assert "admins: Slurm keeps AdminLevel in its accounting database" in str(refused.value)
     assert "accounting.enabled is false" in str(refused.value)
+    # With the defaults that need slurmdbd cleared too (they are refused on their own).
     helm.run(
         ["template", "rel", str(CHARTS / "slurm"), "--set", "accounting.enabled=false",
-         "--set-json", "admins=[]"]
+         "--set-json", "admins=[]",
+         "--set-json", 'slurmConfig={"PreemptType": null, "PreemptMode": null,'
+                       ' "AccountingStorageEnforce": null, "AccountingStorageTRES": null}',
+         "--set-json", 'partitions=[{"name": "compute", "nodesets": ["compute"]}]']
     )  # fmt: skip
 
 

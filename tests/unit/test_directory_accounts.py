@@ -97,7 +97,9 @@ def test_a_directory_that_lists_no_group_removes_nothing(
         ("sacctmgr", "-n", "-P", "show", "account", "format=account,organization"): (
             f"research|{MARK}\n"
         ),
-        ("sacctmgr", "-n", "-P", "show", "association", "format=account,user"): "research|alice\n",
+        ("sacctmgr", "-n", "-P", "show", "association", "format=account,user,qos"): (
+            "research|alice|normal\n"
+        ),
     }
     changes: list[tuple[str, ...]] = []
     monkeypatch.setattr(da, "run", lambda argv: answers[tuple(argv)])
@@ -170,8 +172,8 @@ def test_a_refusal_is_printed_once_while_it_stands(
         ("sacctmgr", "-n", "-P", "show", "account", "format=account,organization"): (
             f"research|{MARK}\n"
         ),
-        ("sacctmgr", "-n", "-P", "show", "association", "format=account,user"): (
-            "research|\nresearch|alice\n"
+        ("sacctmgr", "-n", "-P", "show", "association", "format=account,user,qos"): (
+            "root||normal\nresearch||normal\nresearch|alice|normal\n"
         ),
     }
 
@@ -202,3 +204,25 @@ def test_the_settings_file_carries_the_directory_range(tmp_path: Path) -> None:
     assert da.id_range(path) == da.IdRange(2000, 3000, frozenset({64030, 65534}))
     path.write_text('{"groups": [], "interval": 5}')
     assert da.id_range(path) == da.IdRange()
+
+
+def test_accounts_made_here_keep_the_qos_list_of_the_settings() -> None:
+    listed = {"research": frozenset({"normal"}), "ml": frozenset({"normal", "inference"})}
+    assert da.qos_changes(["research", "ml"], listed, ["inference", "normal"], frozenset()) == [
+        ("modify", "account", "where", "name=research", "set", "qos=inference,normal")
+    ]
+
+
+def test_an_empty_qos_list_inherits_the_clusters() -> None:
+    listed = {"research": frozenset({"normal"}), "ml": frozenset({"high"})}
+    assert da.qos_changes(["research", "ml", "gone"], listed, [], frozenset({"normal"})) == [
+        ("modify", "account", "where", "name=ml", "set", "qos=")
+    ]
+
+
+def test_the_qos_list_is_read_from_the_settings(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text('{"groups": [], "interval": 5, "qos": ["Normal", "inference"]}')
+    assert da.account_qos(path) == ["normal", "inference"]
+    path.write_text('{"groups": []}')
+    assert da.account_qos(path) == []

@@ -13,7 +13,8 @@ each one left out is logged once, naming the rule. It changes only accounts
 it made, marked `Organization=sunk-directory`: an account of the same name
 that a person made, and people's associations anywhere else, are left alone. A
 removal Slurm refuses (a job of that association still running) is tried
-again next pass; nothing here cancels a job.
+again next pass; nothing here cancels a job. The accounts it makes get the
+QOS list of its settings (`qos`; [] = inherit the cluster's), kept each pass.
 
 Python's standard library only: it runs in the Slurm image.
 """
@@ -71,6 +72,39 @@ def plan(
         remove_accounts=tuple(gone),
         foreign=tuple(foreign),
     )
+
+
+def qos_changes(
+    accounts: Iterable[str],
+    listed: Mapping[str, frozenset[str]],
+    wanted: Sequence[str],
+    inherited: frozenset[str],
+) -> list[tuple[str, ...]]:
+    """sacctmgr arguments that give each of `accounts` (made here, on the
+    cluster) the QOS list `wanted`; [] = inherit `inherited` (the root
+    association's). `listed`: account → its QOS as sacctmgr lists them
+    (inherited ones included, so a list equal to the parent's reads as
+    inherited)."""
+    want = frozenset(q.lower() for q in wanted)
+    changes: list[tuple[str, ...]] = []
+    for name in sorted(accounts):
+        have = listed.get(name)
+        if have is None:
+            continue
+        if want and have != want:
+            changes.append(
+                (
+                    "modify",
+                    "account",
+                    "where",
+                    f"name={name}",
+                    "set",
+                    f"qos={','.join(sorted(want))}",
+                )
+            )
+        elif not want and have != inherited:
+            changes.append(("modify", "account", "where", f"name={name}", "set", "qos="))
+    return changes
 
 
 @dataclass(frozen=True)
@@ -251,7 +285,12 @@ def sacctmgr(*args: str) -> None:
     print("done: sacctmgr " + " ".join(args), flush=True)
 
 
-def sync(chosen: Sequence[str], ids: IdRange | None = None, told: set[str] | None = None) -> Plan:
+def sync(
+    chosen: Sequence[str],
+    ids: IdRange | None = None,
+    told: set[str] | None = None,
+    qos: Sequence[str] = (),
+) -> Plan:
     """One pass. `told` holds the refusals already printed: each is printed
     once while it stands, and again if it comes back after going."""
     if not run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]).strip():
@@ -274,13 +313,17 @@ def sync(chosen: Sequence[str], ids: IdRange | None = None, told: set[str] | Non
         )
         if len(row) == 2
     }
-    associations = [
-        (row[0], row[1])
+    rows = [
+        row
         for row in parse_table(
-            run(["sacctmgr", "-n", "-P", "show", "association", "format=account,user"])
+            run(["sacctmgr", "-n", "-P", "show", "association", "format=account,user,qos"])
         )
-        if len(row) == 2
+        if len(row) == 3
     ]
+    associations = [(row[0], row[1]) for row in rows]
+    listed_qos = {
+        row[0]: frozenset(q for q in row[2].split(",") if q) for row in rows if not row[1]
+    }
     todo = plan(groups, accounts, associations)
     if not groups and (todo.remove_accounts or todo.remove_associations):
         # No group at all reads the same as a directory that did not answer:
@@ -291,10 +334,20 @@ def sync(chosen: Sequence[str], ids: IdRange | None = None, told: set[str] | Non
         print(
             f"group {name}: an account of that name exists, not made here; left alone", flush=True
         )
+    with_qos = (f"qos={','.join(qos)}",) if qos else ()
     for name in todo.add_accounts:
         sacctmgr(
-            "add", "account", name, f"organization={MARK}", f"description=directory group {name}"
+            "add",
+            "account",
+            name,
+            f"organization={MARK}",
+            f"description=directory group {name}",
+            *with_qos,
         )
+    ours = {name for name, org in accounts.items() if org.lower() == MARK}
+    kept = (ours & {g.lower() for g in groups}) - set(todo.add_accounts)
+    for change in qos_changes(kept, listed_qos, qos, listed_qos.get("root", frozenset())):
+        sacctmgr(*change)
     for account, user in todo.add_associations:
         sacctmgr("add", "user", user, f"account={account}")
     for account, user in todo.remove_associations:
@@ -308,6 +361,11 @@ def settings(path: Path) -> tuple[list[str], float]:
     """The chosen groups ([] = all) and the seconds between passes."""
     loaded = json.loads(path.read_text())
     return [str(g) for g in loaded.get("groups") or []], float(loaded.get("interval", 30))
+
+
+def account_qos(path: Path) -> list[str]:
+    """The QOS list of the accounts made here ([] = inherit the cluster's)."""
+    return [str(q).lower() for q in json.loads(path.read_text()).get("qos") or []]
 
 
 def id_range(path: Path) -> IdRange:
@@ -335,7 +393,7 @@ def main() -> None:
             )
             said = (chosen, interval)
         try:
-            sync(chosen, id_range(path), told)
+            sync(chosen, id_range(path), told, account_qos(path))
         except (RuntimeError, subprocess.TimeoutExpired) as failed:
             # slurmdbd or nslcd not answering yet: the next pass reads again.
             print(f"pass skipped: {failed}", flush=True)

@@ -37,6 +37,24 @@ sed -i \
   -e "s#^SlurmctldPidFile=.*#SlurmctldPidFile=$work/slurmctld.pid#" \
   -e "s#jwt_key=/run/slurm-keys/jwt_hs256.key#jwt_key=$work/keys/jwt_hs256.key#" \
   "$work/etc/slurm.conf"
+# Without accounting only Slurm's default TRES exist: the weights of a GRES,
+# license or burst buffer (accounted through slurmdbd, AccountingStorageTRES)
+# are left out of this check, or slurmctld would refuse every one.
+awk '{
+  for (i = 1; i <= NF; i++) {
+    if ($i !~ /^(TRESBillingWeights|PriorityWeightTRES)=/) continue
+    key = substr($i, 1, index($i, "=") - 1)
+    value = substr($i, index($i, "=") + 1)
+    gsub(/"/, "", value)
+    n = split(value, parts, ",")
+    kept = ""
+    for (j = 1; j <= n; j++)
+      if (tolower(parts[j]) !~ /^(gres|license|bb)\//) kept = kept (kept == "" ? "" : ",") parts[j]
+    $i = (kept == "" ? "" : key "=" kept)
+  }
+  print
+}' "$work/etc/slurm.conf" > "$work/etc/slurm.conf.checked"
+mv "$work/etc/slurm.conf.checked" "$work/etc/slurm.conf"
 sed -i -e "1i SlurmctldHost=$me(127.0.0.1)" -e "1i AuthInfo=socket=$work/munge/munge.socket" "$work/etc/slurm.conf"
 export SLURM_CONF="$work/etc/slurm.conf"
 slurmctld -D -i -f "$SLURM_CONF" >"$work/log" 2>&1 &

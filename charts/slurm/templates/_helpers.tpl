@@ -270,8 +270,6 @@ its socket through an emptyDir. Pass (dict "root" $ "extra" "..." "mounts" list 
 {{- if and $l.accounts.enabled (not .Values.accounting.enabled) -}}
 {{- fail "identity.ldap.accounts.enabled: accounts live in the accounting database; set accounting.enabled too" -}}
 {{- end -}}
-{{- else if .Values.identity.ldap.accounts.enabled -}}
-{{- fail "identity.ldap.accounts.enabled: directory groups need identity.provider ldap" -}}
 {{- end -}}
 {{- end -}}
 
