@@ -185,6 +185,13 @@ def test_the_keys_hook_refuses_a_secret_it_did_not_make(cluster: Path, tmp_path:
                 "partitions": [],
                 "login": {"enabled": False},
                 "accounting": {"enabled": False},
+                # Without slurmdbd the chart refuses its defaults that need it.
+                "slurmConfig": {
+                    "PreemptType": None,
+                    "PreemptMode": None,
+                    "AccountingStorageEnforce": None,
+                    "AccountingStorageTRES": None,
+                },
                 "admins": [],
                 "restapi": {"enabled": False},
                 "metrics": {"enabled": False},
