@@ -105,6 +105,10 @@ def slurm_values(
         },
         "slurmConfig": {
             **settings,
+            # Shorter than the chart's SlurmctldTimeout 30 and SlurmdTimeout 300,
+            # and Slurm's MessageTimeout 10 and MinJobAge 300: the failover and
+            # node-loss tests see a takeover or a DOWN node in seconds, and ended
+            # jobs leave squeue sooner. A site picks its own tolerance.
             "SlurmctldTimeout": 10,
             "SlurmdTimeout": 30,
             "MessageTimeout": 5,
