@@ -390,6 +390,7 @@ def gpu_plugin(
         typer.Option(help="The kubelet's plugin watcher directory (<root-dir>/plugins_registry)."),
     ] = Path("/var/lib/kubelet/plugins_registry"),
     rescan: Annotated[float, typer.Option(help="Seconds between scans of --device-dir.")] = 10.0,
+    metrics_port: MetricsPortOption = 9090,
     verbose: VerboseOption = False,
 ) -> None:
     """Serve the node's GPUs to its kubelet: to the pods Slurm allocated them to, and all of
@@ -410,6 +411,7 @@ def gpu_plugin(
                 registry_dir=registry_dir,
                 kubeconfig=kubeconfig,
                 rescan_seconds=rescan,
+                metrics_port=metrics_port or None,
             )
         )
     )

@@ -416,6 +416,46 @@ def test_each_component_has_probes_a_budget_and_spread_replicas(helm: Helm) -> N
     assert "rel-operator" not in {d["metadata"]["name"] for d in budgets_of_one}
 
 
+def test_the_gpu_plugin_has_probes_a_metrics_service_and_its_alerts(helm: Helm) -> None:
+    """A DaemonSet, one pod a node: SunkComponentDown when none is left, and
+    SunkGpuPluginNotServing for one node's plugin that serves nothing."""
+    out = helm.run(
+        [
+            "template",
+            "rel",
+            str(CHARTS / "sunk-cluster"),
+            "-n",
+            "hpc",
+            "--set=gpuPlugin.enabled=true",
+        ]
+    )
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    (plugin,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (container,) = plugin["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=9090" in container["command"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    selector = plugin["spec"]["selector"]["matchLabels"]
+    assert services["rel-gpu-plugin-metrics"]["spec"]["selector"] == selector
+    (rules,) = [d for d in docs if d["metadata"]["name"] == "rel-prometheus-rules"]
+    groups = yaml.safe_load(rules["data"]["sunk.rules.yaml"])["groups"]
+    gpu = {
+        r["alert"]: r["expr"]
+        for g in groups
+        for r in g["rules"]
+        if r.get("labels", {}).get("component") == "gpu-plugin"
+    }
+    assert set(gpu) == {"SunkComponentDown", "SunkGpuPluginNotServing"}
+    assert 'sunk_gpu_plugin_serving{namespace="hpc"}) == 0' in gpu["SunkGpuPluginNotServing"]
+    off = helm.run(
+        ["template", "rel", str(CHARTS / "sunk-cluster"), "--set=gpuPlugin.enabled=true",
+         "--set=gpuPlugin.metricsPort=0"]
+    )  # fmt: skip
+    assert "gpu-plugin-metrics" not in off
+    assert "SunkGpuPluginNotServing" not in off
+
+
 def test_slurmd_pods_request_memory_only_and_are_not_best_effort(helm: Helm) -> None:
     """Requests, so the kubelet does not take them for BestEffort; no CPU
     request (Slurm would lose a whole CPU for it) and no limit (it would cap

@@ -150,21 +150,27 @@ def configmap_data(state: Path, namespace: str, name: str) -> dict[str, str]:
     return data
 
 
-def zero_threshold_rules(namespace: str, releases: tuple[str, str]) -> dict[str, str]:
+def zero_threshold_rules(
+    namespace: str, releases: tuple[str, str], values: tuple[Path, Path]
+) -> dict[str, str]:
     """The charts' rules as `helm template` renders them for this cluster's
-    releases, with every duration and threshold at zero; groups renamed."""
+    releases and values files (cluster, slurm), with every duration and
+    threshold at zero; groups renamed."""
     cluster_release, slurm_release = releases
+    cluster_values, slurm_values = values
     helm = Helm(ensure_helm(print), None, Path("/tmp"))
     rendered = {
         "test-slurm.rules.yaml": helm.run(
             [
                 "template", slurm_release, str(CHARTS / "slurm"), "-n", namespace,
+                "-f", str(slurm_values),
                 "-s", "templates/metrics.yaml", "--set=metrics.rules.slurmctldDownFor=0s",
             ]
         ),
         "test-sunk.rules.yaml": helm.run(
             [
                 "template", cluster_release, str(CHARTS / "sunk-cluster"), "-n", namespace,
+                "-f", str(cluster_values),
                 "-s", "templates/monitoring.yaml", "--set=monitoring.rules.viewStaleFor=0s",
                 "--set=monitoring.rules.drainedForMinutes=0",
                 "--set=monitoring.rules.waitingOnSlurmForMinutes=0",
@@ -283,7 +289,14 @@ def prometheus(local_cluster: Path) -> Prometheus:
     files = {
         **configmap_data(local_cluster, namespace, f"{slurm_release}-prometheus-rules"),
         **configmap_data(local_cluster, namespace, f"{cluster_release}-prometheus-rules"),
-        **zero_threshold_rules(namespace, (cluster_release, slurm_release)),
+        **zero_threshold_rules(
+            namespace,
+            (cluster_release, slurm_release),
+            (
+                local_cluster / "cluster" / "sunk-values.yaml",
+                local_cluster / "cluster" / "slurm-values.yaml",
+            ),
+        ),
     }
     apply(local_cluster, prometheus_objects(info["images"]["sunk/prometheus"], files))
     ok(
@@ -327,7 +340,7 @@ def wait_until_every_target_is_up(prometheus: Prometheus) -> dict[str, str]:
             f"slurm-slurmctld-metrics-{e}"
             for e in ("jobs", "nodes", "partitions", "accounts", "scheduler")
         ),
-        *(f"sunk-{c}-metrics" for c in ("operator", "syncer", "scheduler", "tokens")),
+        *(f"sunk-{c}-metrics" for c in ("operator", "syncer", "scheduler", "tokens", "gpu-plugin")),
     }
 
     def all_up() -> bool:
@@ -510,12 +523,12 @@ def test_a_stopped_slurmctld_fires_slurmctld_down(
     print(f"slurmctld stopped and back in {time.monotonic() - stopped:.1f} s")
 
 
-@pytest.mark.timeout(600)  # four components, about a minute each
+@pytest.mark.timeout(900)  # five components, about a minute each
 def test_a_component_with_no_replica_left_fires_sunk_component_down(
     local_cluster: Path, prometheus: Prometheus
 ) -> None:
     """The operator, the syncer, the scheduler and the token minter, each
-    scaled to zero in turn:
+    scaled to zero in turn, then the GPU plugin's pods sent nowhere:
     its SunkComponentDown fires (no target left to scrape; the stale-view
     alert cannot say so, its series gone with the pods) and no other; back,
     the alert ends."""
@@ -557,3 +570,33 @@ def test_a_component_with_no_replica_left_fires_sunk_component_down(
             within=60,
             report=prometheus.down,
         )
+    # The GPU plugin, a DaemonSet, cannot be scaled: its pods go where no
+    # node matches its selector.
+    daemonset = f"ds/{CLUSTER_RELEASE}-gpu-plugin"
+    stopped = time.monotonic()
+    nowhere = '{"spec":{"template":{"spec":{"nodeSelector":{"sunk.dev/no-such-node":"x"}}}}}'
+    try:
+        ok(kubectl(state, "-n", "slurm", "patch", daemonset, "-p", nowhere))
+        prometheus.wait(
+            "SunkComponentDown for the gpu-plugin",
+            lambda: "gpu-plugin" in prometheus.down(),
+            within=90,
+            report=prometheus.down,
+        )
+        assert prometheus.down() == {"gpu-plugin"}
+        print(f"gpu-plugin: down firing {time.monotonic() - stopped:.1f} s after its pods went")
+    finally:
+        back = '{"spec":{"template":{"spec":{"nodeSelector":null}}}}'
+        ok(kubectl(state, "-n", "slurm", "patch", daemonset, "-p", back))
+        ok(
+            kubectl(
+                state, "-n", "slurm", "rollout", "status", daemonset, "--timeout=120s",
+                timeout=150,
+            )
+        )  # fmt: skip
+    prometheus.wait(
+        "SunkComponentDown for the gpu-plugin over",
+        lambda: not prometheus.down(),
+        within=60,
+        report=prometheus.down,
+    )

@@ -43,7 +43,7 @@ from plugins.slurm_pods import wait_for
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import install_crds
 from sunk.gpus.plugin import KubeBoundPods
-from sunk.gpus.run import GpuPluginConfig, run_plugin
+from sunk.gpus.run import GpuPluginConfig, GpuPluginMetrics, run_plugin
 from sunk.kube.raw import bind_pod
 from sunk.scheduler.pod_writes import slurm_gpus_patch
 from sunk_testbed import charts
@@ -66,6 +66,7 @@ NODE_RESOURCE = "contract.sunk.dev/node-gpus"
 class PluginOnNode:
     node: str
     config: GpuPluginConfig
+    metrics: GpuPluginMetrics
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -86,9 +87,10 @@ async def gpu_plugin(
         socket_dir=kubelet_dir / "plugins" / "sunk.dev",
         registry_dir=kubelet_dir / "plugins_registry",
     )
-    task = asyncio.create_task(run_plugin(config, KubeBoundPods(kube, node)))
+    metrics = GpuPluginMetrics()
+    task = asyncio.create_task(run_plugin(config, KubeBoundPods(kube, node), metrics))
     try:
-        yield PluginOnNode(node, config)
+        yield PluginOnNode(node, config, metrics)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -188,8 +190,12 @@ async def test_the_kubelet_lists_both_resources(
     kube: AsyncClient, gpu_plugin: PluginOnNode
 ) -> None:
     """(a) Registered through the node's plugin watcher directory, the kubelet
-    reports both resources in the Node's capacity and allocatable."""
+    reports both resources in the Node's capacity and allocatable; the
+    plugin's metrics say it serves them, and how many GPUs it found."""
     print(f"registered and listed in {await listed(kube, gpu_plugin):.1f} s")
+    registry = gpu_plugin.metrics.registry
+    assert registry.get_sample_value("sunk_gpu_plugin_serving") == 1
+    assert registry.get_sample_value("sunk_gpu_plugin_gpus") == 4
 
 
 async def test_a_pod_gets_exactly_the_gpus_slurm_allocated(

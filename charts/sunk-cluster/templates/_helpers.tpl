@@ -88,19 +88,7 @@ spec:
           resources: {{- toYaml . | nindent 12 }}
           {{- end }}
           {{- with .c.metricsPort }}
-          ports:
-            - {name: metrics, containerPort: {{ . }}}
-          # /metrics answers from start to exit, on the leader and its standby
-          # alike (either may hold the Lease): ready once it listens,
-          # restarted when it stops answering.
-          readinessProbe:
-            httpGet: {path: /metrics, port: metrics}
-            periodSeconds: 10
-          livenessProbe:
-            httpGet: {path: /metrics, port: metrics}
-            periodSeconds: 20
-            timeoutSeconds: 5
-            failureThreshold: 3
+          {{- include "sunk.metricsProbes" . | nindent 10 }}
           {{- end }}
           volumeMounts:
             - {name: token, mountPath: /var/run/sunk/token, readOnly: true}
@@ -266,4 +254,20 @@ spec:
 {{- range .Values.scheduler.tenants }}{{ range .namespaces }}{{ $served = append $served . }}{{ end }}{{ end -}}
 {{- with .Values.scheduler.podNamespace }}{{ $served = append $served . }}{{ end -}}
 {{- $served | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{- /* A container's /metrics port and its probes: /metrics answers from
+  start to exit (on a leader and its standby alike): ready once it listens,
+  restarted when it stops answering. Pass the port. */ -}}
+{{- define "sunk.metricsProbes" -}}
+ports:
+  - {name: metrics, containerPort: {{ . }}}
+readinessProbe:
+  httpGet: {path: /metrics, port: metrics}
+  periodSeconds: 10
+livenessProbe:
+  httpGet: {path: /metrics, port: metrics}
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 3
 {{- end -}}

@@ -8,6 +8,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
 from sunk.api import RESOURCE_NODE_GPUS
 from sunk.gpus.plugin import (
     BoundPods,
@@ -42,12 +44,36 @@ class GpuPluginConfig:
     registry_dir: Path = REGISTRY_DIR
     kubeconfig: Path | None = None
     rescan_seconds: float = 10.0
+    metrics_port: int | None = None  # None: no /metrics endpoint
 
 
-async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
+class GpuPluginMetrics:
+    """What one node's plugin exports: the GPUs it finds, and whether the
+    kubelet has both of its resources (an alert tells a node whose plugin
+    stopped serving, or lost a GPU)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.gpus = Gauge(
+            "sunk_gpu_plugin_gpus",
+            "GPUs found on the node at the last scan.",
+            registry=self.registry,
+        )
+        self.serving = Gauge(
+            "sunk_gpu_plugin_serving",
+            "1 once both resources (the pods' GPUs, the slurmd pod's) are served to the kubelet.",
+            registry=self.registry,
+        )
+
+
+async def run_plugin(
+    config: GpuPluginConfig, pods: BoundPods, metrics: GpuPluginMetrics | None = None
+) -> None:
     """Serve both resources to the node's kubelet until cancelled."""
     inventory = GpuInventory(config.device_dir)
     inventory.scan()
+    if metrics is not None:
+        metrics.gpus.set_function(lambda: len(inventory.present))
     host_devices = config.host_device_dir or config.device_dir
     dirs = SocketDirs(config.socket_dir, config.registry_dir, config.host_socket_dir)
     gpus = GpuPlugin(config.resource, config.node, inventory, pods, host_devices)
@@ -65,13 +91,18 @@ async def run_plugin(config: GpuPluginConfig, pods: BoundPods) -> None:
         # offers it offers them too, and its slurmd pod's GRES counts them all.
         await gpus.listed.wait()
         await stack.enter_async_context(serving(config.node_resource, node_gpus, dirs))
+        if metrics is not None:
+            metrics.serving.set(1)
         log.info("GPU plugin of node %s: %d GPU(s) found", config.node, len(inventory.present))
         await keep_scanning(inventory, config.rescan_seconds)
 
 
 async def main(config: GpuPluginConfig) -> None:
+    metrics = GpuPluginMetrics()
+    if config.metrics_port is not None:
+        start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, "sunk-gpu-plugin")
     try:
-        await run_plugin(config, KubeBoundPods(kube, config.node))
+        await run_plugin(config, KubeBoundPods(kube, config.node), metrics)
     finally:
         await kube.close()
