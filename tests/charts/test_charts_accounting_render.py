@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from sunk_testbed.helm import CHARTS, Helm, HelmError, ensure_helm
+from plugins.slurm_render import refused, render
+from sunk_testbed.helm import Helm, ensure_helm
 
 pytestmark = pytest.mark.contract
 
@@ -23,21 +23,6 @@ pytestmark = pytest.mark.contract
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return Helm(ensure_helm(print), None, tmp_path_factory.mktemp("helm"))
-
-
-def render(
-    helm: Helm, tmp_path: Path, values: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    file = tmp_path / "values.yaml"
-    file.write_text(yaml.safe_dump(values or {}))
-    out = helm.run(["template", "rel", str(CHARTS / "slurm"), "-n", "hpc", "-f", str(file)])
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-def refused(helm: Helm, tmp_path: Path, values: dict[str, Any]) -> str:
-    with pytest.raises(HelmError) as error:
-        render(helm, tmp_path, values)
-    return str(error.value.stderr)
 
 
 def slurm_conf(docs: list[dict[str, Any]]) -> list[str]:
