@@ -43,11 +43,11 @@ from plugins.local_cluster import (
     ssh,
     summary,
     tenant_pod,
+    upgrade_slurm,
 )
 from plugins.slurm_pods import wait_for
-from sunk_testbed.bed import NAMESPACE, RELEASE
+from sunk_testbed.bed import NAMESPACE
 from sunk_testbed.control_plane import async_client
-from sunk_testbed.helm import Helm, ensure_helm
 
 pytestmark = pytest.mark.e2e
 
@@ -58,13 +58,6 @@ def default_pod(info: dict[str, Any], name: str) -> Pod:
     assert pod.spec is not None
     pod.spec.terminationGracePeriodSeconds = None
     return pod
-
-
-def _upgrade(cluster: Path, values: dict[str, Any], name: str) -> None:
-    files = cluster / "cluster"
-    kubeconfig = Path(summary(cluster)["kubernetes"]["kubeconfig"])
-    helm = Helm(ensure_helm(print), kubeconfig, files / "helm")
-    helm.upgrade_install(RELEASE, "slurm", NAMESPACE, values, values_file=files / name)
 
 
 async def _events(cluster: Path, pod: str) -> str:
@@ -92,7 +85,7 @@ async def test_a_default_pod_is_placed_and_kill_wait_follows_slurm_conf(
 
         shorter = {**values, "slurmConfig": {**values.get("slurmConfig", {}), "KillWait": 20}}
         started = time.monotonic()
-        await asyncio.to_thread(_upgrade, cluster, shorter, "slurm-values-killwait.yaml")
+        await asyncio.to_thread(upgrade_slurm, cluster, shorter, "slurm-values-killwait.yaml")
         await kube.create(default_pod(info, names[1]))
 
         async def refused() -> bool:
@@ -102,7 +95,7 @@ async def test_a_default_pod_is_placed_and_kill_wait_follows_slurm_conf(
         print(f"KillWait=20 upgrade -> a default pod refused: {time.monotonic() - started:.1f}s")
 
         started = time.monotonic()
-        await asyncio.to_thread(_upgrade, cluster, values, "slurm-values.yaml")
+        await asyncio.to_thread(upgrade_slurm, cluster, values, "slurm-values.yaml")
         await bound_job(kube, names[1], within=180)
         print(f"upgrade back -> the refused pod placed: {time.monotonic() - started:.1f}s")
         assert scheduler_pods(cluster) == restarts  # the same pods, never restarted

@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugins.local_cluster import kubectl, poll_ssh, running_slurm_pods, ssh, summary
+from plugins.local_cluster import kubectl, poll_ssh, running_slurm_pods, ssh, summary, upgrade_slurm
 from sunk_testbed import charts
 from sunk_testbed.bed import NAMESPACE, RELEASE, Bed
-from sunk_testbed.helm import Helm, ensure_helm
 
 pytestmark = pytest.mark.e2e
 
@@ -264,11 +263,7 @@ def _slurm_release(cluster: Path, password_login: bool) -> None:
     files = cluster / "cluster"
     values = yaml.safe_load((files / "slurm-values.yaml").read_text())
     values["identity"]["ldap"]["passwordLogin"] = password_login
-    kubeconfig = Path(summary(cluster)["kubernetes"]["kubeconfig"])
-    helm = Helm(ensure_helm(print), kubeconfig, files / "helm")
-    helm.upgrade_install(
-        RELEASE, "slurm", NAMESPACE, values, values_file=files / "slurm-values-password.yaml"
-    )
+    upgrade_slurm(cluster, values, "slurm-values-password.yaml")
     rolled = kubectl(
         cluster, "rollout", "status", "-n", NAMESPACE, f"statefulset/{RELEASE}-login",
         "--timeout=180s", timeout=200,

@@ -25,21 +25,13 @@ from typing import Any
 import pytest
 import yaml
 
-from plugins.local_cluster import kubectl, ssh, summary
-from sunk_testbed.bed import NAMESPACE, RELEASE
+from plugins.local_cluster import kubectl, ssh, upgrade_slurm
+from sunk_testbed.bed import NAMESPACE
 from sunk_testbed.charts import wait_until
-from sunk_testbed.helm import Helm, ensure_helm
 
 pytestmark = pytest.mark.e2e
 
 RESERVATION = f"sunk-update-{NAMESPACE}-compute"
-
-
-def _upgrade(cluster: Path, values: dict[str, Any], name: str) -> None:
-    files = cluster / "cluster"
-    kubeconfig = Path(summary(cluster)["kubernetes"]["kubeconfig"])
-    helm = Helm(ensure_helm(print), kubeconfig, files / "helm")
-    helm.upgrade_install(RELEASE, "slurm", NAMESPACE, values, values_file=files / name)
 
 
 def _slurmd_memory(cluster: Path) -> dict[str, str]:
@@ -118,7 +110,7 @@ async def test_an_update_in_a_window_is_reserved_as_sunk_operator_and_rolls_in_i
     long_job = ""
     try:
         started = time.monotonic()
-        await asyncio.to_thread(_upgrade, cluster, windowed, "slurm-values-window.yaml")
+        await asyncio.to_thread(upgrade_slurm, cluster, windowed, "slurm-values-window.yaml")
         assert _operator_slurm_user(cluster) == "sunk-operator"
         shown = await _until("the update's reservation", lambda: _reservation(cluster), 90)
         print(f"helm upgrade -> reservation made: {time.monotonic() - started:.1f}s")
@@ -162,7 +154,7 @@ async def test_an_update_in_a_window_is_reserved_as_sunk_operator_and_rolls_in_i
             ssh(cluster, f"scancel {long_job}")
         # Back to the bed's values (an update without a window rolls at once),
         # so the modules after this one find the cluster as `sunk local up` left it.
-        await asyncio.to_thread(_upgrade, cluster, values, "slurm-values.yaml")
+        await asyncio.to_thread(upgrade_slurm, cluster, values, "slurm-values.yaml")
 
         def restored() -> bool:
             memory = _slurmd_memory(cluster)

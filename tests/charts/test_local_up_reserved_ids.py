@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 import yaml
 
-from plugins.local_cluster import kubectl, poll_ssh, ssh, summary
+from plugins.local_cluster import cluster_helm, kubectl, poll_ssh, ssh, summary
 from plugins.local_cluster import sunk as sunk_local
 from sunk_testbed import charts
 from sunk_testbed.bed import CLUSTER_RELEASE, NAMESPACE, RELEASE, Bed
-from sunk_testbed.helm import Helm, HelmError, ensure_helm
+from sunk_testbed.helm import HelmError
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +49,6 @@ def cluster(local_cluster: Path) -> Path:
     if summary(local_cluster)["slurm"].get("identity") != "ldap":
         pytest.skip("this `sunk local up` keeps its users in /etc/passwd (identity static)")
     return local_cluster
-
-
-def _helm(cluster: Path) -> Helm:
-    kubeconfig = Path(summary(cluster)["kubernetes"]["kubeconfig"])
-    return Helm(ensure_helm(print), kubeconfig, cluster / "cluster" / "helm")
 
 
 def _values(cluster: Path, name: str) -> dict[str, Any]:
@@ -125,7 +120,7 @@ def test_a_tenancy_granting_slurmusers_or_an_admins_uid_is_refused_naming_the_ru
     granted = {"namespaces": ["team-x"], "uids": "64030", "user": 64030}
     values["scheduler"]["tenants"] = [*values["scheduler"]["tenants"], granted]
     with pytest.raises(HelmError) as refused:
-        _helm(cluster).upgrade_install(
+        cluster_helm(cluster).upgrade_install(
             CLUSTER_RELEASE,
             "sunk-cluster",
             NAMESPACE,
@@ -219,7 +214,7 @@ def test_a_directory_entry_with_a_reserved_id_is_no_one(cluster: Path, tmp_path:
     values = _values(cluster, "slurm-values.yaml")
     values["identity"]["ldap"]["maxUid"] = 65000
     with pytest.raises(HelmError) as refused:
-        _helm(cluster).upgrade_install(
+        cluster_helm(cluster).upgrade_install(
             RELEASE, "slurm", NAMESPACE, values,
             values_file=cluster / "cluster" / "slurm-values-reserved.yaml",
         )  # fmt: skip
@@ -354,7 +349,7 @@ def _why(cluster: Path) -> str:
 def _upgrade_slurm(cluster: Path) -> None:
     """Step 2 (and 4) of docs/charts.md: the keys hook writes the JWKS, the
     reconfigure sidecar has slurmctld load it; slurmdbd reads it at start."""
-    _helm(cluster).upgrade_install(
+    cluster_helm(cluster).upgrade_install(
         RELEASE, "slurm", NAMESPACE, _values(cluster, "slurm-values.yaml"),
         values_file=cluster / "cluster" / "slurm-values-rotation.yaml", timeout="8m",
     )  # fmt: skip

@@ -27,7 +27,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from plugins.slurm_pods import wait_for
-from sunk_testbed.bed import Bed
+from sunk_testbed.bed import NAMESPACE, RELEASE, Bed
+from sunk_testbed.helm import Helm, ensure_helm
 from sunk_testbed.nodes import node_binaries_dir
 
 FIXTURE = "local_cluster"
@@ -76,6 +77,20 @@ def kubectl(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def cluster_helm(state: Path) -> Helm:
+    """helm as `sunk local up` ran it: the cluster's admin kubeconfig, its helm home."""
+    kubeconfig = Path(summary(state)["kubernetes"]["kubeconfig"])
+    return Helm(ensure_helm(print), kubeconfig, state / "cluster" / "helm")
+
+
+def upgrade_slurm(state: Path, values: dict[str, Any], values_file: str) -> None:
+    """`helm upgrade` of the cluster's slurm release with `values`, written to
+    `values_file` beside the bed's own values."""
+    cluster_helm(state).upgrade_install(
+        RELEASE, "slurm", NAMESPACE, values, values_file=state / "cluster" / values_file
     )
 
 
