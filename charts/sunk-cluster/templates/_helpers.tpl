@@ -271,3 +271,8 @@ livenessProbe:
   timeoutSeconds: 5
   failureThreshold: 3
 {{- end -}}
+
+{{- /* "true" where `sunk tokens` runs: wherever a component it mints for does. */ -}}
+{{- define "sunk.tokensEnabled" -}}
+{{- if or .Values.operator.enabled .Values.syncer.enabled .Values.scheduler.enabled }}true{{ end -}}
+{{- end -}}
