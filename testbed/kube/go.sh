@@ -62,3 +62,22 @@ kube_version_flags() {
   done
   printf '%s' "$flags"
 }
+
+# A module that carries no replace directives builds as its maintainers
+# release it, in a wrapper module of its own that requires it (plain `go
+# install mod@version` asks the proxy for the module's version list, which it
+# refuses for some). Static, trimmed and stripped; LDFLAGS adds to `-s -w`.
+#   go_module_build DIR MODULE VERSION OUTPUT LDFLAGS PACKAGE...   (OUTPUT as for `go build -o`)
+go_module_build() {
+  local dir=$1 module=$2 version=$3 output=$4 ldflags=$5
+  shift 5
+  mkdir -p "$dir"
+  printf 'module sunk.local/testbed/%s\n\ngo 1.25\n\nrequire %s %s\n' \
+    "$(basename "$module")" "$module" "$version" >"$dir/go.mod"
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    printf '\t_ "%s"\n' "$@"
+    printf ')\n'
+  } >"$dir/tools.go"
+  (cd "$dir" && go mod tidy && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w$ldflags" -o "$output" "$@")
+}
