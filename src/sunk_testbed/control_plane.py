@@ -625,6 +625,9 @@ class KubeControlPlane:
                 "--endpoint-reconciler-type=none",
                 # Node names do not resolve here; logs and exec go to the address.
                 "--kubelet-preferred-address-types=InternalIP",
+                # Webhooks (and aggregated APIs) at their pods' addresses: the
+                # host routes pod IPs into the room, but no Service ClusterIP.
+                "--enable-aggregator-routing=true",
                 f"--secure-port={ports.apiserver}",
                 f"--tls-cert-file={pki.path('apiserver.crt')}",
                 f"--tls-private-key-file={pki.path('apiserver.key')}",
