@@ -70,7 +70,7 @@ class Helm:
     def upgrade_install(
         self,
         release: str,
-        chart: str,
+        chart: str | Path,
         namespace: str,
         values: Mapping[str, Any],
         *,
@@ -78,7 +78,8 @@ class Helm:
         timeout: str = "5m",
         values_file: Path,
     ) -> str:
-        """`helm upgrade --install` with `values` (written to `values_file`)."""
+        """`helm upgrade --install` with `values` (written to `values_file`);
+        `chart` is one of `charts/` by name, or any chart directory's path."""
         values_file.write_text(yaml.safe_dump(dict(values)))
         args = ["upgrade", "--install", release, str(CHARTS / chart), "-n", namespace]
         args += ["--create-namespace", "-f", str(values_file), "--timeout", timeout]
