@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sunk_testbed.control_plane import build_log, build_once
+from sunk_testbed.control_plane import ensure_built
 from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 
 HELM_VERSION = "v3.22.0"
@@ -28,11 +28,8 @@ def helm_dir() -> Path:
 def ensure_helm(log: Callable[[str], None]) -> Path:
     """The helm binary, built into the cache unless a finished build is there."""
     out = helm_dir()
-    if not (out / ".complete").exists():
-        log(f"building helm {HELM_VERSION} into {out} (log: {build_log(out)})")
-        build_once(out, [str(SCRIPTS / "helm" / "build.sh"), str(out), HELM_VERSION], "helm")
-        log("helm built")
-    return out / "helm"
+    script = [str(SCRIPTS / "helm" / "build.sh"), str(out), HELM_VERSION]
+    return ensure_built(out, script, f"helm {HELM_VERSION}", log) / "helm"
 
 
 class HelmError(subprocess.CalledProcessError):

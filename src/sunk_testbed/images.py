@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sunk_testbed.control_plane import build_log, build_once, file_lock
+from sunk_testbed.control_plane import ensure_built, file_lock
 from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 from sunk_testbed.procs import Supervisor, free_port, tail
 
@@ -379,9 +379,8 @@ def _base_dir(suite: str) -> Path:
 def _ensure_base_rootfs(suite: str, log: Log) -> tuple[Path, str]:
     """The suite's slim root filesystem tarball and its sha256 (built once per key)."""
     out = _base_dir(suite)
-    if not (out / ".complete").exists():
-        log(f"debootstrapping the {suite} base image into {out} (log: {build_log(out)})")
-        build_once(out, [str(SCRIPTS / "images" / "base.sh"), str(out), suite], "the base image")
+    script = [str(SCRIPTS / "images" / "base.sh"), str(out), suite]
+    ensure_built(out, script, f"the {suite} base image (debootstrap)", log)
     return out / "rootfs.tar", (out / "rootfs.sha256").read_text().strip()
 
 

@@ -31,7 +31,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 
 from sunk_testbed import charts
-from sunk_testbed.control_plane import build_log, build_once
+from sunk_testbed.control_plane import ensure_built
 from sunk_testbed.helm import Helm
 from sunk_testbed.images import Image, ensure_images
 from sunk_testbed.paths import SCRIPTS, cache_dir
@@ -61,15 +61,10 @@ def ensure_workload_binaries(log: Log) -> Path:
     """The managers `jobset` and `lws` and their charts (`charts/jobset`,
     `charts/lws`), built into the cache unless a finished build is there."""
     out = workload_binaries_dir()
-    if not (out / ".complete").exists():
-        log(
-            f"building the JobSet {JOBSET_VERSION} and LWS {LWS_VERSION} managers into {out}"
-            f" (log: {build_log(out)})"
-        )
-        script = [str(SCRIPTS / "workloads" / "build.sh"), str(out), JOBSET_VERSION, LWS_VERSION]
-        build_once(out, script, "the JobSet and LWS managers")
-        log("JobSet and LWS managers built")
-    return out
+    script = [str(SCRIPTS / "workloads" / "build.sh"), str(out), JOBSET_VERSION, LWS_VERSION]
+    return ensure_built(
+        out, script, f"the JobSet {JOBSET_VERSION} and LWS {LWS_VERSION} managers", log
+    )
 
 
 @dataclass(frozen=True)
