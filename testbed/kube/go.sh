@@ -28,6 +28,18 @@ ensure_go() {
   export PATH="$gohome/bin:$PATH" GOTOOLCHAIN=local
 }
 
+# How a build script starts: a finished OUT (`.complete`) is left alone and
+# the script exits 0; otherwise a Go toolchain (ensure_go), OUT made, and a
+# scratch directory $work, removed when the script exits.
+#   start_build OUT
+start_build() {
+  [[ -f $1/.complete ]] && exit 0
+  ensure_go "$(dirname "$1")"
+  mkdir -p "$1"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+}
+
 # k8s.io/kubernetes points its staging modules (k8s.io/api, client-go, ...) at
 # ./staging by replace directives, so `go install ...@version` is refused. A
 # wrapper module requires it and pins every staging module at the matching

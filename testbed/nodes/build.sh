@@ -14,13 +14,9 @@ out=$1 k8s_version=$2 containerd_version=$3 crictl_version=$4 coredns_version=$5
 here=$(cd "$(dirname "$0")" && pwd)
 binaries=(kubelet kube-proxy kubectl containerd containerd-shim-runc-v2 ctr crictl coredns kwok)
 
-[[ -f $out/.complete ]] && exit 0
 # shellcheck source=../kube/go.sh
 source "$here/../kube/go.sh"
-ensure_go "$(dirname "$out")"
-mkdir -p "$out"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+start_build "$out"
 
 kube_wrapper_module "$work/kube" "$k8s_version"
 cat >"$work/kube/tools.go" <<'GO'

@@ -13,13 +13,9 @@ set -euo pipefail
 out=$1 jobset_version=$2 lws_version=$3
 here=$(cd "$(dirname "$0")" && pwd)
 
-[[ -f $out/.complete ]] && exit 0
 # shellcheck source=../kube/go.sh
 source "$here/../kube/go.sh"
-ensure_go "$(dirname "$out")"
-mkdir -p "$out"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+start_build "$out"
 
 version_flag() { printf " -X %s/pkg/version.GitVersion=%s" "$1" "$2"; }
 go_module_build "$work/jobset" sigs.k8s.io/jobset "$jobset_version" "$out/jobset" \
