@@ -89,7 +89,7 @@ class Controller:
     name: str  # "jobset": the chart, the release and the image's name
     namespace: str
     values: dict[str, Any]
-    probe: dict[str, Any]  # an object whose dry-run create passes through its webhooks
+    probe: dict[str, Any]  # apiVersion, kind, spec: what a dry run sends through its webhooks
 
 
 def _image_values(image: Image) -> dict[str, str]:
@@ -208,9 +208,10 @@ async def _wait_ready(kube: AsyncClient, controller: Controller, within: float) 
     last_error = ["(none yet)"]
 
     async def webhooks_answer() -> bool:
-        # A server-side dry run goes through every admission webhook (each
-        # with failurePolicy Fail): it passes only once the apiserver reaches
-        # the manager and trusts the certificate its cert-controller made.
+        # A server-side dry run goes through the kind's mutating and
+        # validating webhooks (failurePolicy Fail): it passes only once the
+        # apiserver reaches the manager at its pod's address and trusts the
+        # certificate its cert-controller made.
         metadata = {"name": "webhook-probe", "namespace": controller.namespace}
         probe: Any = codecs.from_dict({**controller.probe, "metadata": metadata})
         try:
