@@ -36,6 +36,7 @@ from sunk_testbed.images import ImageSet, Registry, ensure_images
 from sunk_testbed.nodes import NodeBed, NodeSpec, ensure_node_binaries
 from sunk_testbed.procs import Supervisor
 from sunk_testbed.slurm_cluster import ensure_rootfs
+from sunk_testbed.workloads import ensure_workload_binaries
 
 Log = Callable[[str], None]
 
@@ -85,8 +86,10 @@ class Bed:
         self.node_count = nodes
         self.files = state_dir / "cluster"
 
-    def prepare(self, log: Log = print) -> Prepared:
-        """Build or reuse the cached binaries, root filesystem and helm."""
+    def prepare(self, log: Log = print, *, workloads: bool = False) -> Prepared:
+        """Build or reuse the cached binaries, root filesystem and helm; with
+        `workloads`, the JobSet and LWS controllers' too (their images in
+        `Prepared.images`), which nothing else builds."""
         started = time.monotonic()
         cold = False
 
@@ -99,7 +102,8 @@ class Bed:
         node_bin = ensure_node_binaries(note)
         rootfs = ensure_rootfs("trixie", note)
         helm = ensure_helm(note)
-        built = ensure_images(note, coredns=node_bin / "coredns")
+        managers = ensure_workload_binaries(note) if workloads else None
+        built = ensure_images(note, coredns=node_bin / "coredns", workloads=managers)
         return Prepared(kube_bin, node_bin, rootfs, helm, built, time.monotonic() - started, cold)
 
     def kube(self, log: Log = print) -> KubeControlPlane:

@@ -544,7 +544,7 @@ async def install(
     helm: Helm,
     kube: AsyncClient,
     release: str,
-    chart: str,
+    chart: str | Path,
     namespace: str,
     values: Mapping[str, Any],
     values_file: Path,

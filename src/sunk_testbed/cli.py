@@ -47,12 +47,19 @@ def _require_root() -> None:
 
 
 @testbed.command("prepare")
-def testbed_prepare() -> None:
+def prepare_caches(
+    workloads: Annotated[
+        bool,
+        typer.Option(
+            "--workloads", help="Also the JobSet and LeaderWorkerSet controllers and images."
+        ),
+    ] = False,
+) -> None:
     """Build or reuse the cached Kubernetes binaries and Slurm root filesystem."""
     _require_root()
     from sunk_testbed.bed import Bed
 
-    prepared = Bed(default_state_dir()).prepare(_log)
+    prepared = Bed(default_state_dir()).prepare(_log, workloads=workloads)
     kind = "cold" if prepared.cold else "warm"
     _log(f"test bed caches ready ({kind}) in {prepared.seconds:.1f}s")
     print(json.dumps({"cold": prepared.cold, "seconds": round(prepared.seconds, 1)}))

@@ -89,20 +89,24 @@ def binaries_dir() -> Path:
 def ensure_binaries(log: Callable[[str], None]) -> Path:
     """Build the four binaries into the cache unless a finished build is there."""
     out = binaries_dir()
-    if (out / ".complete").exists():
-        return out
-    log(
-        f"building Kubernetes {KUBERNETES_VERSION} and etcd {ETCD_VERSION} into {out}"
-        f" (log: {build_log(out)})"
+    script = [str(SCRIPTS / "kube" / "build.sh"), str(out), KUBERNETES_VERSION, ETCD_VERSION]
+    return ensure_built(
+        out, script, f"Kubernetes {KUBERNETES_VERSION} and etcd {ETCD_VERSION}", log
     )
-    script = SCRIPTS / "kube" / "build.sh"
-    build_once(out, [str(script), str(out), KUBERNETES_VERSION, ETCD_VERSION], "Kubernetes")
-    log("Kubernetes binaries built")
-    return out
 
 
 def build_log(out: Path) -> Path:
     return out.parent / f"{out.name}.build.log"
+
+
+def ensure_built(out: Path, script: Sequence[str], what: str, log: Callable[[str], None]) -> Path:
+    """`out`, filled by `build_once` unless a finished build is there; `log`
+    hears of a build (and of nothing else) before and after it."""
+    if not (out / ".complete").exists():
+        log(f"building {what} into {out} (log: {build_log(out)})")
+        build_once(out, script, what)
+        log(f"{what} built")
+    return out
 
 
 def build_once(out: Path, script: Sequence[str], what: str) -> None:
@@ -625,6 +629,9 @@ class KubeControlPlane:
                 "--endpoint-reconciler-type=none",
                 # Node names do not resolve here; logs and exec go to the address.
                 "--kubelet-preferred-address-types=InternalIP",
+                # Webhooks (and aggregated APIs) at their pods' addresses: the
+                # host routes pod IPs into the room, but no Service ClusterIP.
+                "--enable-aggregator-routing=true",
                 f"--secure-port={ports.apiserver}",
                 f"--tls-cert-file={pki.path('apiserver.crt')}",
                 f"--tls-private-key-file={pki.path('apiserver.key')}",

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sunk_testbed.control_plane import build_log, build_once
+from sunk_testbed.control_plane import ensure_built
 from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 
 HELM_VERSION = "v3.22.0"
@@ -28,11 +28,8 @@ def helm_dir() -> Path:
 def ensure_helm(log: Callable[[str], None]) -> Path:
     """The helm binary, built into the cache unless a finished build is there."""
     out = helm_dir()
-    if not (out / ".complete").exists():
-        log(f"building helm {HELM_VERSION} into {out} (log: {build_log(out)})")
-        build_once(out, [str(SCRIPTS / "helm" / "build.sh"), str(out), HELM_VERSION], "helm")
-        log("helm built")
-    return out / "helm"
+    script = [str(SCRIPTS / "helm" / "build.sh"), str(out), HELM_VERSION]
+    return ensure_built(out, script, f"helm {HELM_VERSION}", log) / "helm"
 
 
 class HelmError(subprocess.CalledProcessError):
@@ -70,7 +67,7 @@ class Helm:
     def upgrade_install(
         self,
         release: str,
-        chart: str,
+        chart: str | Path,
         namespace: str,
         values: Mapping[str, Any],
         *,
@@ -78,7 +75,8 @@ class Helm:
         timeout: str = "5m",
         values_file: Path,
     ) -> str:
-        """`helm upgrade --install` with `values` (written to `values_file`)."""
+        """`helm upgrade --install` with `values` (written to `values_file`);
+        `chart` is one of `charts/` by name, or any chart directory's path."""
         values_file.write_text(yaml.safe_dump(dict(values)))
         args = ["upgrade", "--install", release, str(CHARTS / chart), "-n", namespace]
         args += ["--create-namespace", "-f", str(values_file), "--timeout", timeout]

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sunk_testbed.control_plane import build_log, build_once, file_lock
+from sunk_testbed.control_plane import ensure_built, file_lock
 from sunk_testbed.paths import REPO_ROOT, SCRIPTS, cache_dir
 from sunk_testbed.procs import Supervisor, free_port, tail
 
@@ -129,6 +129,10 @@ class ImageSet:
     # Debian's OpenLDAP slapd: the slurm chart's in-chart directory (docs/identity.md).
     ldap: Image
     coredns: Image | None = None
+    # The JobSet and LeaderWorkerSet controllers' managers (sunk_testbed.workloads):
+    # only in a set asked for with `workloads=`.
+    jobset: Image | None = None
+    lws: Image | None = None
 
     def slurm_pair(self, release: str = DEFAULT_SLURM) -> tuple[Image, Image]:
         """(daemons, login) images of one Slurm release."""
@@ -194,7 +198,7 @@ def _tree_files(path: Path) -> list[Path]:
     )
 
 
-def _specs(coredns: Path | None) -> list[_Spec]:
+def _specs(coredns: Path | None, workloads: Path | None) -> list[_Spec]:
     # images/slurm/containers: the container-jobs SPANK plugin both images load.
     plugin = Path("images/slurm/containers")
     slurm_kinds = (
@@ -258,6 +262,21 @@ def _specs(coredns: Path | None) -> list[_Spec]:
         # Root, so it can bind port 53 without file capabilities.
         binary = coredns.resolve()
         specs.append(_Spec("coredns", "sunk/coredns", "binary", (binary,), entrypoint="/coredns"))
+    if workloads is not None:
+        # As the projects' own images (distroless static:nonroot): `/manager`,
+        # user 65532, which their charts' runAsNonRoot requires to be numeric.
+        for name in ("jobset", "lws"):
+            binary = (workloads / name).resolve()
+            specs.append(
+                _Spec(
+                    name,
+                    f"sunk/{name}",
+                    "binary",
+                    (binary,),
+                    entrypoint="/manager",
+                    user="65532:65532",
+                )
+            )
     return specs
 
 
@@ -360,9 +379,8 @@ def _base_dir(suite: str) -> Path:
 def _ensure_base_rootfs(suite: str, log: Log) -> tuple[Path, str]:
     """The suite's slim root filesystem tarball and its sha256 (built once per key)."""
     out = _base_dir(suite)
-    if not (out / ".complete").exists():
-        log(f"debootstrapping the {suite} base image into {out} (log: {build_log(out)})")
-        build_once(out, [str(SCRIPTS / "images" / "base.sh"), str(out), suite], "the base image")
+    script = [str(SCRIPTS / "images" / "base.sh"), str(out), suite]
+    ensure_built(out, script, f"the {suite} base image (debootstrap)", log)
     return out / "rootfs.tar", (out / "rootfs.sha256").read_text().strip()
 
 
@@ -643,14 +661,19 @@ def _pushed_digest(repository: str, tag: str) -> str | None:
         return None
 
 
-def ensure_images(log: Log, *, coredns: Path | None = None) -> ImageSet:
+def ensure_images(
+    log: Log, *, coredns: Path | None = None, workloads: Path | None = None
+) -> ImageSet:
     """Build and push every image whose inputs changed; seconds when none did.
 
     `coredns` is a static CoreDNS binary to package as `sunk/coredns` (the
-    node build makes it); without it the set has no coredns image. One build
-    at a time per cache: a second caller waits, then finds the images pushed.
+    node build makes it); without it the set has no coredns image.
+    `workloads` is the directory of the JobSet and LWS managers
+    (`sunk_testbed.workloads`), packaged as `sunk/jobset` and `sunk/lws`;
+    without it the set has neither. One build at a time per cache: a second
+    caller waits, then finds the images pushed.
     """
-    specs = _specs(coredns)
+    specs = _specs(coredns, workloads)
     bases = {s.suite: _ensure_base_rootfs(s.suite, log) for s in specs if s.dockerfile}
     base_shas = {suite: sha for suite, (_, sha) in bases.items()}
     planned = [(spec, spec.tag(base_shas)) for spec in specs]
@@ -724,11 +747,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build sunk's images with buildah and push them to the cache's registry.",
     )
     parser.add_argument("--coredns", type=Path, help="a static CoreDNS binary to package too")
+    parser.add_argument(
+        "--workloads", type=Path, help="the directory of the JobSet and LWS managers to package"
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     images = ensure_images(
         lambda message: print(f"[images] {message}", file=sys.stderr, flush=True),
         coredns=args.coredns,
+        workloads=args.workloads,
     )
     for image in images.all():
         print(image.ref, image.digest)

@@ -31,7 +31,7 @@ from sunk_testbed.control_plane import (
     KUBERNETES_VERSION,
     KubeAccess,
     KubeControlPlane,
-    build_once,
+    ensure_built,
     file_lock,
 )
 from sunk_testbed.nodeconf import NodePaths, Subnet
@@ -72,9 +72,6 @@ def node_binaries_dir() -> Path:
 def ensure_node_binaries(log: Log) -> Path:
     """Build kubelet, kube-proxy, containerd, crictl, CoreDNS and KWOK unless cached."""
     out = node_binaries_dir()
-    if (out / ".complete").exists():
-        return out
-    log(f"building kubelet, kube-proxy, containerd {CONTAINERD_VERSION}, CoreDNS into {out}")
     script = [
         str(SCRIPTS / "nodes" / "build.sh"),
         str(out),
@@ -84,9 +81,8 @@ def ensure_node_binaries(log: Log) -> Path:
         COREDNS_VERSION,
         KWOK_VERSION,
     ]
-    build_once(out, script, "node binaries")
-    log("node binaries built")
-    return out
+    what = f"the node binaries (kubelet, containerd {CONTAINERD_VERSION}, CoreDNS, KWOK)"
+    return ensure_built(out, script, what, log)
 
 
 @dataclass(frozen=True)

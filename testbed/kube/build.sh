@@ -9,15 +9,9 @@ out=$1 k8s_version=$2 etcd_version=$3
 here=$(cd "$(dirname "$0")" && pwd)
 binaries=(kube-apiserver kube-controller-manager kube-scheduler etcd)
 
-done_marker="$out/.complete"
-if [[ -f $done_marker ]]; then exit 0; fi
-
 # shellcheck source=go.sh
 source "$here/go.sh"
-ensure_go "$(dirname "$out")"
-mkdir -p "$out"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+start_build "$out"
 
 kube_wrapper_module "$work/kube" "$k8s_version"
 cp "$here/tools.go" "$work/kube/tools.go"
@@ -48,4 +42,4 @@ MOD
 )
 
 for b in "${binaries[@]}"; do [[ -x $out/$b ]] || { echo "missing $out/$b" >&2; exit 1; }; done
-touch "$done_marker"
+touch "$out/.complete"

@@ -28,6 +28,18 @@ ensure_go() {
   export PATH="$gohome/bin:$PATH" GOTOOLCHAIN=local
 }
 
+# How a build script starts: a finished OUT (`.complete`) is left alone and
+# the script exits 0; otherwise a Go toolchain (ensure_go), OUT made, and a
+# scratch directory $work, removed when the script exits.
+#   start_build OUT
+start_build() {
+  [[ -f $1/.complete ]] && exit 0
+  ensure_go "$(dirname "$1")"
+  mkdir -p "$1"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+}
+
 # k8s.io/kubernetes points its staging modules (k8s.io/api, client-go, ...) at
 # ./staging by replace directives, so `go install ...@version` is refused. A
 # wrapper module requires it and pins every staging module at the matching
@@ -61,4 +73,23 @@ kube_version_flags() {
     flags+=" -X $pkg.gitTreeState=clean"
   done
   printf '%s' "$flags"
+}
+
+# A module that carries no replace directives builds as its maintainers
+# release it, in a wrapper module of its own that requires it (plain `go
+# install mod@version` asks the proxy for the module's version list, which it
+# refuses for some). Static, trimmed and stripped; LDFLAGS adds to `-s -w`.
+#   go_module_build DIR MODULE VERSION OUTPUT LDFLAGS PACKAGE...   (OUTPUT as for `go build -o`)
+go_module_build() {
+  local dir=$1 module=$2 version=$3 output=$4 ldflags=$5
+  shift 5
+  mkdir -p "$dir"
+  printf 'module sunk.local/testbed/%s\n\ngo 1.25\n\nrequire %s %s\n' \
+    "$(basename "$module")" "$module" "$version" >"$dir/go.mod"
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    printf '\t_ "%s"\n' "$@"
+    printf ')\n'
+  } >"$dir/tools.go"
+  (cd "$dir" && go mod tidy && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w$ldflags" -o "$output" "$@")
 }

@@ -14,13 +14,9 @@ out=$1 k8s_version=$2 containerd_version=$3 crictl_version=$4 coredns_version=$5
 here=$(cd "$(dirname "$0")" && pwd)
 binaries=(kubelet kube-proxy kubectl containerd containerd-shim-runc-v2 ctr crictl coredns kwok)
 
-[[ -f $out/.complete ]] && exit 0
 # shellcheck source=../kube/go.sh
 source "$here/../kube/go.sh"
-ensure_go "$(dirname "$out")"
-mkdir -p "$out"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+start_build "$out"
 
 kube_wrapper_module "$work/kube" "$k8s_version"
 cat >"$work/kube/tools.go" <<'GO'
@@ -41,24 +37,8 @@ GO
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
 )
 
-# These modules carry no replace directives, so each builds as its maintainers
-# release it, in a wrapper module of its own (plain `go install mod@version`
-# asks the proxy for the module's version list, which it refuses for some).
-#   build_module MODULE VERSION PACKAGE...
-build_module() {
-  local module=$1 version=$2 dir
-  shift 2
-  dir="$work/$(basename "$module")"
-  mkdir -p "$dir"
-  printf 'module sunk.local/testbed/%s\n\ngo 1.25\n\nrequire %s %s\n' \
-    "$(basename "$module")" "$module" "$version" >"$dir/go.mod"
-  {
-    printf '//go:build tools\n\npackage tools\n\nimport (\n'
-    printf '\t_ "%s"\n' "$@"
-    printf ')\n'
-  } >"$dir/tools.go"
-  (cd "$dir" && go mod tidy && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/" "$@")
-}
+# These modules carry no replace directives: each builds as released (go.sh).
+build_module() { go_module_build "$work/$(basename "$1")" "$1" "$2" "$out/" '' "${@:3}"; }
 build_module github.com/containerd/containerd/v2 "$containerd_version" \
   github.com/containerd/containerd/v2/cmd/containerd \
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
