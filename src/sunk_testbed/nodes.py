@@ -11,6 +11,7 @@ nothing stays behind.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -273,35 +274,43 @@ class KubeletNodes:
             return []
 
     def stop(self, names: Sequence[str] | None = None, bin_dir: Path | None = None) -> None:
-        """Power the nodes off: kubelet, then every pod (through CRI), containerd, and
-        whatever is left in the node's cgroups or mounted below its directory.
-        Pods bound to a node come back when it starts again, as after a reboot."""
-        for name in names if names is not None else self.names():
-            paths = self.paths(name)
-            self.supervisor.stop(f"kubelet-{name}")
-            if bin_dir is not None and self.supervisor.running(f"containerd-{name}"):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    subprocess.run(
-                        self.room.enter(
-                            [
-                                str(bin_dir / "crictl"),
-                                f"--runtime-endpoint=unix://{paths.containerd_socket}",
-                                "--timeout=20s",
-                                "rmp",
-                                "--force",
-                                "--all",
-                            ]
-                        ),
-                        capture_output=True,
-                        timeout=60,
-                        check=False,
-                    )
-            self.supervisor.stop(f"containerd-{name}")
-            root = nodeconf.cgroup_root(self.room.tag, name)
-            kill_cgroup(root)
-            kill_shims(paths.containerd_socket)
-            self.room.unmount_below(paths.root)
-            remove_cgroup_root(root)
+        """Power the nodes off, all at once: kubelet, then every pod (through CRI),
+        containerd, and whatever is left in the node's cgroups or mounted below
+        its directory. Pods bound to a node come back when it starts again, as
+        after a reboot."""
+        stopping = list(names if names is not None else self.names())
+        if not stopping:
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(stopping)) as pool:
+            # list(): the first node's error, if any, is raised here.
+            list(pool.map(lambda name: self._power_off(name, bin_dir), stopping))
+
+    def _power_off(self, name: str, bin_dir: Path | None) -> None:
+        paths = self.paths(name)
+        self.supervisor.stop(f"kubelet-{name}")
+        if bin_dir is not None and self.supervisor.running(f"containerd-{name}"):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    self.room.enter(
+                        [
+                            str(bin_dir / "crictl"),
+                            f"--runtime-endpoint=unix://{paths.containerd_socket}",
+                            "--timeout=20s",
+                            "rmp",
+                            "--force",
+                            "--all",
+                        ]
+                    ),
+                    capture_output=True,
+                    timeout=60,
+                    check=False,
+                )
+        self.supervisor.stop(f"containerd-{name}")
+        root = nodeconf.cgroup_root(self.room.tag, name)
+        kill_cgroup(root)
+        kill_shims(paths.containerd_socket)
+        self.room.unmount_below(paths.root)
+        remove_cgroup_root(root)
 
 
 # ----------------------------------------------------------------- host pieces

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -66,6 +67,9 @@ class Supervisor:
         self.state_dir = state_dir
         self.log_dir = state_dir / "logs"
         self._record = state_dir / "processes.json"
+        # Daemons are stopped from several threads at once (a bed's nodes power
+        # off together): the record's read-modify-write is one step.
+        self._lock = threading.Lock()
 
     def _load(self) -> dict[str, Started]:
         try:
@@ -117,9 +121,10 @@ class Supervisor:
         if start_time is None:
             raise StartError(f"{name} exited at once:\n{tail(log)}")
         started = Started(name, popen.pid, start_time, str(log), list(argv))
-        procs = self._load()
-        procs[name] = started
-        self._save(procs)
+        with self._lock:
+            procs = self._load()
+            procs[name] = started
+            self._save(procs)
         return started
 
     def wait_ready(
@@ -156,8 +161,10 @@ class Supervisor:
                     time.sleep(0.02)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(proc.pid, os.WNOHANG)
-        del procs[name]
-        self._save(procs)
+        with self._lock:
+            procs = self._load()
+            procs.pop(name, None)
+            self._save(procs)
 
     def stop_all(self, grace: float = 10.0) -> None:
         """Stop every recorded daemon, newest first."""

@@ -26,7 +26,9 @@ apt-get clean
 rm -rf /var/lib/apt/lists/*
 
 mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/slurm /etc/slurm /run/sshd
-# Host keys are generated per login deployment (a Secret), never baked in.
-rm -f /etc/ssh/ssh_host_*
+# Host keys are generated per login deployment (a Secret), never baked in;
+# so is the munge key (munge's package makes one where it is installed, and
+# anyone who pulls the image would hold it).
+rm -f /etc/ssh/ssh_host_* /etc/munge/munge.key
 chown slurm:slurm /var/spool/slurmctld /var/log/slurm
 slurmd -V

@@ -207,6 +207,9 @@ def test_slurm_images_hold_the_daemons(images: ImageSet, registry: str, tmp_path
     assert [path for path in DAEMONS_IMAGE_HOLDS if path not in files] == []
     assert [path for path in DAEMONS_IMAGE_LACKS if path in files] == []
     assert b"slurm:x:64030:64030:" in read["etc/passwd"]
+    # Host keys and the munge key are the deployment's Secrets, never the image's.
+    assert not [path for path in files if path.startswith("etc/ssh/ssh_host_")]
+    assert "etc/munge/munge.key" not in files
     # nslcd's NSS module is there for identity.provider ldap, unused until the chart asks.
     assert [path for path in files if path.endswith("/libnss_ldap.so.2")]
     assert b"ldap" not in read["etc/nsswitch.conf"]

@@ -21,7 +21,14 @@ from sunk.scheduler.decide import (
     bound_to,
     decide,
 )
-from sunk.scheduler.request import ANNOTATION_JOB_ID, GANG_NAME, GANG_SIZE, Gang
+from sunk.scheduler.request import (
+    ANNOTATION_JOB_ID,
+    GANG_NAME,
+    GANG_SIZE,
+    JOB_COMPLETION_INDEX,
+    Gang,
+    Workload,
+)
 from sunk.slurm.models import Job
 
 NOW = 10_000.0
@@ -37,6 +44,7 @@ def pod(
     labels: dict[str, str] | None = None,
     job_id: int | None = None,
     gates: tuple[str, ...] = (),
+    job: str = "",
 ) -> Pod:
     metadata: dict[str, Any] = {
         "name": name,
@@ -45,6 +53,16 @@ def pod(
         "labels": labels or {},
         "annotations": {ANNOTATION_JOB_ID: str(job_id)} if job_id else {},
     }
+    if job:  # a pod of an indexed Job
+        metadata["annotations"][JOB_COMPLETION_INDEX] = name
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job,
+            "uid": "j",
+            "controller": True,
+        }
+        metadata["ownerReferences"] = [owner]
     if deleting:
         metadata["deletionTimestamp"] = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     spec: dict[str, Any] = {"containers": [{"name": "c", "image": "x"}]}
@@ -61,6 +79,7 @@ def job(state: str, **fields: Any) -> Job:
 
 
 PENDING, BOUND = pod(), pod(node="n1", phase="Running")
+CARRIER = pod(job_id=7)  # a pending pod that carries its job's id
 RUNNING = job("RUNNING", state_reason="None")
 GANG_A, GANG_B = pod("a", labels=GANG), pod("b", labels=GANG)
 
@@ -81,16 +100,22 @@ CASES: dict[str, tuple[list[Pod], int | None, Job | None, Decision]] = {
         Decision(),
     ),
     "its job forgotten by Slurm: evicted": (
-        [PENDING],
+        [CARRIER],
         7,
         None,
-        Decision((Evict((PENDING,), "Slurm job 7 is gone"),)),
+        Decision((Evict((CARRIER,), "Slurm job 7 is gone"),)),
     ),
     "its job cancelled before the bind: evicted": (
-        [PENDING],
+        [CARRIER],
         7,
         job("CANCELLED"),
-        Decision((Evict((PENDING,), "Slurm job 7 is CANCELLED"),)),
+        Decision((Evict((CARRIER,), "Slurm job 7 is CANCELLED"),)),
+    ),
+    "an ended job no live pod carries is history: a new job": (
+        [pod("old", node="n1", phase="Failed", job_id=7), PENDING],
+        7,
+        job("CANCELLED"),
+        Decision((Submit((PENDING,), None),)),
     ),
     "preempted before the bind: cancelled and evicted": (
         [PENDING],
@@ -158,6 +183,21 @@ CASES: dict[str, tuple[list[Pod], int | None, Job | None, Decision]] = {
         job("TIMEOUT"),
         Decision((Cancel("its pods no longer all run"), Evict((BOUND,), "Slurm job 7 is TIMEOUT"))),
     ),
+    "a gang member succeeded: the others run on": (
+        [pod("a", labels=GANG, node="n1", phase="Succeeded"), pod("b", labels=GANG, node="n2")],
+        7,
+        RUNNING,
+        Decision(),
+    ),
+    "a gang member succeeded, one failed: the job ends": (
+        [
+            pod("a", labels=GANG, node="n1", phase="Succeeded"),
+            pod("b", labels=GANG, node="n2", phase="Failed"),
+        ],
+        7,
+        RUNNING,
+        Decision((Cancel("its pods no longer all run"), Evict((), "Slurm job 7 is RUNNING"))),
+    ),
     "bound and stopping: the job ends once they are gone": (
         [pod(node="n1", phase="Running", deleting=True)],
         7,
@@ -165,6 +205,39 @@ CASES: dict[str, tuple[list[Pod], int | None, Job | None, Decision]] = {
         Decision(),
     ),
 }
+
+
+JOB_A, JOB_B = pod("0", job="train"), pod("1", job="train")
+TRAIN = Workload("Job", "train")
+
+WORKLOAD_CASES: dict[str, tuple[list[Pod], dict[Workload, int], Decision]] = {
+    "an indexed Job's pods, all there: one job for them": (
+        [JOB_A, JOB_B],
+        {TRAIN: 2},
+        Decision((Submit((JOB_A, JOB_B), Gang("job-train", 2, TRAIN)),)),
+    ),
+    "an indexed Job's pods, one missing: they wait": (
+        [JOB_A],
+        {TRAIN: 2},
+        Decision(
+            (
+                Cancel("the pods it was for are not all pending"),
+                Pending((JOB_A,), "waiting for the gang: 1 of 2 pods"),
+            )
+        ),
+    ),
+    "its Job not read: they wait": (
+        [JOB_A, JOB_B],
+        {},
+        Decision((Pending((JOB_A, JOB_B), "waiting to read the gang's size from Job train"),)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WORKLOAD_CASES)
+def test_decide_for_workloads(case: str) -> None:
+    pods, sizes, expected = WORKLOAD_CASES[case]
+    assert decide(pods, None, None, NOW, sizes) == expected
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -9,6 +9,15 @@ in for the GPUs' files), partitions `k8s` (the
 scheduler's default), `low` and `high` over the same nodes with partition
 priority preemption, and the scheduler in-process with a real `SlurmClient`
 and `SlurmView`, started and killed like a process.
+
+Why this module configures Slurm itself rather than install the charts: it
+tests the scheduler's machinery (kills between submit and bind, restarts,
+stale views) against a Slurm it can stop and inspect, with no slurmdbd, so
+QOS preemption (the slurm chart's default, which needs accounting) is not
+available; partition-priority preemption is the other mode sites choose
+(`PreemptType=preempt/partition_prio`). The chart's defaults, QOS preemption
+included, are shown on `sunk local up`'s cluster
+(tests/charts/test_local_up_preemption.py, test_local_up_workloads.py).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ from sunk.scheduler.request import (
     GANG_NAME,
     GANG_SIZE,
     GPU_PRODUCT_LABEL,
+    JOB_COMPLETION_INDEX,
+    JOBSET_NAME,
     LWS_GROUP_INDEX,
     LWS_NAME,
     LWS_SIZE,
@@ -27,6 +29,7 @@ from sunk.scheduler.request import (
     Identity,
     InvalidPod,
     Options,
+    Workload,
     gang_of,
     identity_of,
     job_key,
@@ -59,6 +62,7 @@ def pod(
     grace: int | None = 10,
     init: list[dict[str, Any]] | None = None,
     selector: dict[str, str] | None = None,
+    owner: dict[str, Any] | None = None,
 ) -> Pod:
     spec: dict[str, Any] = {
         "containers": [
@@ -81,10 +85,21 @@ def pod(
                 "uid": f"uid-{name}",
                 "annotations": annotations or {},
                 "labels": labels or {},
+                "ownerReferences": [owner] if owner else [],
             },
             "spec": spec,
         },
     )
+
+
+def job_owner(name: str = "train", *, controller: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": name,
+        "uid": "u",
+        "controller": controller,
+    }
 
 
 @pytest.mark.parametrize(
@@ -180,6 +195,44 @@ def test_gangs_from_sunk_labels_and_leaderworkersets() -> None:
     assert gang_of(pod()) is None
     with pytest.raises(InvalidPod):
         gang_of(pod(labels={GANG_NAME: "g", GANG_SIZE: "zero"}))
+
+
+INDEXED = {JOB_COMPLETION_INDEX: "0"}
+
+
+@pytest.mark.parametrize(
+    ("meta", "gang"),
+    [
+        # An indexed Job's pods: the Job that controls them, sized by its spec.
+        (
+            {"annotations": INDEXED, "owner": job_owner()},
+            Gang("job-train", 4, Workload("Job", "train")),
+        ),
+        # A JobSet's pods (each also an indexed Job's): the whole JobSet.
+        (
+            {"labels": {JOBSET_NAME: "js"}, "annotations": INDEXED, "owner": job_owner("js-w-0")},
+            Gang("jobset-js", 0, Workload("JobSet", "js")),
+        ),
+        # sunk's own gang wins over the workload's.
+        (
+            {
+                "labels": {GANG_NAME: "g", GANG_SIZE: "2"},
+                "annotations": INDEXED,
+                "owner": job_owner(),
+            },
+            Gang("g", 2),
+        ),
+        # A NonIndexed Job's pods (no index) are placed one by one.
+        ({"owner": job_owner()}, None),
+        # Only the controlling owner counts.
+        ({"annotations": INDEXED, "owner": job_owner(controller=False)}, None),
+    ],
+)
+def test_gangs_of_workloads_are_sized_by_their_spec(
+    meta: dict[str, Any], gang: Gang | None
+) -> None:
+    sizes = {Workload("Job", "train"): 4}
+    assert gang_of(pod(**meta), sizes) == gang
     members = [pod(f"m{i}", requests={"cpu": str(i + 1)}) for i in range(3)]
     spec = job_spec(members, Options(), SEAL, ME, Gang("g", 3))
     assert (spec.nodes, spec.tasks, spec.cpus_per_task) == ("3", 3, 3)

@@ -27,9 +27,8 @@ from sunk.scheduler.request import (
     ANNOTATION_USER_ID,
     GANG_NAME,
     GANG_SIZE,
+    JOB_COMPLETION_INDEX,
     JOBSET_NAME,
-    JOBSET_PARALLELISM,
-    JOBSET_REPLICATED_JOB,
     LWS_GROUP_INDEX,
     LWS_NAME,
     LWS_SIZE,
@@ -162,10 +161,12 @@ ANNOTATIONS = [
     ANNOTATION_GPU_TYPE,
     GANG_NAME,
     GANG_SIZE,
-    JOBSET_PARALLELISM,
+    JOB_COMPLETION_INDEX,
     LWS_SIZE,
 ]
-LABEL_KEYS = [GANG_NAME, GANG_SIZE, JOBSET_NAME, JOBSET_REPLICATED_JOB, LWS_NAME, LWS_GROUP_INDEX]
+LABEL_KEYS = [GANG_NAME, GANG_SIZE, JOBSET_NAME, LWS_NAME, LWS_GROUP_INDEX]
+# Every fuzzed pod is a Job's: an index annotation makes it an indexed Job's.
+OWNER = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j", "controller": True}
 # Label values, as the apiserver lets them through.
 LABEL_VALUES = st.from_regex(r"\A([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 VALUES = st.one_of(
@@ -186,6 +187,7 @@ def a_pod(annotations: dict[str, str], labels: dict[str, str], gpus: str | None)
                 "uid": "uid-p",
                 "annotations": annotations,
                 "labels": labels,
+                "ownerReferences": [OWNER],
             },
             "spec": {
                 "containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}],

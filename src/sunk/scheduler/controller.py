@@ -70,7 +70,9 @@ from sunk.scheduler.decide import (
     bound_to,
     decide,
     deleting,
+    gated,
     pod_annotations,
+    terminal,
 )
 from sunk.scheduler.jobs import IDS_KEPT, CancelsSent, JobIndex, RecentIds
 from sunk.scheduler.metrics import SchedulerMetrics
@@ -87,13 +89,16 @@ from sunk.scheduler.request import (
     Gang,
     InvalidPod,
     Options,
+    Workload,
     identity_of,
     job_spec,
     namespace_of_key,
+    workload_of,
 )
 from sunk.scheduler.seal import JobSeal
 from sunk.scheduler.slurm_port import JobChange, NoTenantToken, SchedulerSlurm
 from sunk.scheduler.tenancy import MIN_ID, Tenancy
+from sunk.scheduler.workloads import WorkloadSizes, WorkloadUnreadable
 from sunk.slurm.errors import SlurmApiError, SlurmError, SlurmUnavailableError
 from sunk.slurm.hostlist import expand
 from sunk.slurm.models import Job
@@ -112,6 +117,8 @@ INVALID_RETRY = 60.0
 UNCERTAIN_WAIT = 15.0
 # A tenant's token not there yet (its uid just granted): looked for again after this.
 TOKEN_RETRY = 5.0
+# A JobSet or Job that could not be read for its gang's size: read again after this.
+WORKLOAD_RETRY = 5.0
 # A job this process submitted is waited for this long to appear in the view
 # before it is read directly.
 UNSEEN_WAIT = 5.0
@@ -206,6 +213,7 @@ class Scheduler:
         # the bind must not bind the pod again (a second Binding only gets a 409).
         self._assumed: dict[str, str] = {}
         self._cancelled = CancelsSent(CANCEL_RESEND)
+        self._workloads = WorkloadSizes(kube)
 
     # -- indexes and wake-ups -------------------------------------------------------
 
@@ -373,9 +381,13 @@ class Scheduler:
         if job is NOT_SEEN_YET:
             return Result(requeue_after=UNSEEN_WAIT)  # a JobEvent comes first, normally
         try:
-            decision = decide(pods, job_id, job, time.time())
+            sizes = await self._gang_sizes(key, pods)
+            decision = decide(pods, job_id, job, time.time(), sizes)
         except InvalidPod as exc:  # e.g. a gang named in an annotation that no label could hold
             return await self._invalid(key, pods, job_id, job, str(exc))
+        except WorkloadUnreadable as exc:
+            await self._pending([p for p in pods if not bound(p) and not gated(p)], str(exc))
+            return Result(requeue_after=WORKLOAD_RETRY)
         result = None
         if decision.requeue_after is not None:
             result = Result(requeue_after=decision.requeue_after)
@@ -400,6 +412,14 @@ class Scheduler:
                     for pod in carriers:
                         await self._patch_pod(pod, job_id_patch(None))
         return result
+
+    async def _gang_sizes(self, key: str, pods: Sequence[Pod]) -> dict[Workload, int]:
+        """The gang size of the JobSet or indexed Job the key's pods belong to
+        (read from its spec), if they belong to one."""
+        live = [p for p in pods if not terminal(p) and not deleting(p)]
+        if not live or (workload := workload_of(live[0])) is None:
+            return {}
+        return {workload: await self._workloads.size(namespace_of_key(key), workload)}
 
     # -- actions -----------------------------------------------------------------------
 

@@ -7,13 +7,13 @@ drives `decide` (tests/scheduler/test_scheduler_decide.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
 from lightkube.resources.core_v1 import Pod
 
-from sunk.scheduler.request import ANNOTATION_JOB_ID, Gang, gang_of, grace_seconds
+from sunk.scheduler.request import ANNOTATION_JOB_ID, Gang, Workload, gang_of, grace_seconds
 from sunk.slurm.models import Job
 
 ACTIVE = ("PENDING", "RUNNING", "SUSPENDED")
@@ -30,6 +30,15 @@ def pod_annotations(pod: Pod) -> dict[str, str]:
 
 def terminal(pod: Pod) -> bool:
     return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
+
+
+def succeeded(pod: Pod) -> bool:
+    return bool(pod.status and pod.status.phase == "Succeeded")
+
+
+def carries(pod: Pod, job_id: int | None) -> bool:
+    """The pod carries `job_id` as its job (written when the job was submitted for it)."""
+    return job_id is not None and pod_annotations(pod).get(ANNOTATION_JOB_ID) == str(job_id)
 
 
 def deleting(pod: Pod) -> bool:
@@ -140,13 +149,34 @@ class Decision:
     requeue_after: float | None = None
 
 
-def decide(pods: Sequence[Pod], job_id: int | None, job: Job | None, now: float) -> Decision:
+def decide(
+    pods: Sequence[Pod],
+    job_id: int | None,
+    job: Job | None,
+    now: float,
+    sizes: Mapping[Workload, int] | None = None,
+) -> Decision:
     """The next step for a key whose pods are `pods` and whose job is `job`
-    (`job_id` known but `job` None: Slurm no longer knows it)."""
+    (`job_id` known but `job` None: Slurm no longer knows it); `sizes` are the
+    gang sizes of the JobSets and indexed Jobs among the pods' owners."""
     if not pods:
         return Decision((Cancel("its pods are gone"),))
     live = tuple(p for p in pods if not terminal(p) and not deleting(p))
-    gang = gang_of(live[0]) if live else None
+    if (
+        live
+        and not active(job)
+        and not any(map(bound, live))
+        and not any(carries(p, job_id) for p in live)
+    ):
+        # An earlier attempt of the same workload (a Job's or JobSet's pods made
+        # anew after a failure): its ended job and finished pods are history,
+        # and the new pods get a job of their own.
+        pods = [p for p in pods if not terminal(p)]
+        job_id, job = None, None
+    gang = gang_of(live[0], sizes) if live else None
+    if gang is not None and gang.size == 0:
+        told = tuple(p for p in live if not gated(p))
+        return Decision((Pending(told, f"waiting to read the gang's size from {gang.workload}"),))
     wanted = gang.size if gang is not None else 1
     if any(map(bound, live)) or (
         job is not None and job.state == "RUNNING" and any(map(bound, pods))
@@ -200,7 +230,9 @@ def _keep_running(
 ) -> Decision:
     """Pods are (partly) bound: they stay only while their job runs, all of them."""
     running = job is not None and job.state == "RUNNING"
-    if running and len(live) == len(pods) == wanted:
+    # Members that succeeded leave the others running: the job ends once all are done.
+    done = sum(1 for p in pods if succeeded(p) and not deleting(p))
+    if running and live and len(live) + done == len(pods) == wanted:
         assert job is not None
         left = time_to_stop(job, live, now)
         if left == 0:

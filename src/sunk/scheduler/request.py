@@ -42,11 +42,11 @@ ANNOTATION_GPU_TYPE = f"{DOMAIN}/gpu-type"
 # Gangs: a label or annotation naming the group, and its size.
 GANG_NAME = f"{DOMAIN}/gang"
 GANG_SIZE = f"{DOMAIN}/gang-size"
-# JobSet / LeaderWorkerSet groups, read when no sunk gang is named.
+# Workloads whose pods are gangs when no sunk gang is named: a JobSet (its
+# label on every pod), an indexed Job (the completion index on each pod, the
+# Job as the pod's controller) and a LeaderWorkerSet group.
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
-JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
-JOBSET_PARALLELISM = "batch.kubernetes.io/job-completions"
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
@@ -92,9 +92,22 @@ class InvalidPod(ValueError):
 
 
 @dataclass(frozen=True)
+class Workload:
+    """The Kubernetes object whose spec tells how many pods its gang has: an
+    indexed Job ("Job", batch/v1) or a JobSet ("JobSet", jobset.x-k8s.io)."""
+
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
+
+
+@dataclass(frozen=True)
 class Gang:
     name: str  # unique within the namespace
-    size: int
+    size: int  # 0: its workload's size is not known yet
+    workload: Workload | None = None  # where the size comes from, if not the pod
 
 
 @dataclass(frozen=True)
@@ -139,18 +152,38 @@ def _meta(pod: Pod) -> tuple[dict[str, str], dict[str, str]]:
     )
 
 
-def gang_of(pod: Pod) -> Gang | None:
-    """The pod's gang: sunk's label/annotation, else a JobSet or LeaderWorkerSet group."""
+def _controller_job(pod: Pod) -> str | None:
+    """The name of the batch/v1 Job that controls the pod, if one does."""
+    for owner in (pod.metadata.ownerReferences if pod.metadata else None) or ():
+        if owner.controller and owner.kind == "Job" and owner.apiVersion == "batch/v1":
+            return owner.name
+    return None
+
+
+def workload_of(pod: Pod) -> Workload | None:
+    """The JobSet or indexed Job whose spec sizes the pod's gang; None when the
+    pod names a sunk gang itself or belongs to neither."""
+    labels, annotations = _meta(pod)
+    if GANG_NAME in labels or GANG_NAME in annotations:
+        return None
+    if jobset := labels.get(JOBSET_NAME):
+        return Workload("JobSet", label_value(jobset, JOBSET_NAME))
+    if JOB_COMPLETION_INDEX in annotations and (job := _controller_job(pod)) is not None:
+        return Workload("Job", label_value(job, "the pod's Job"))
+    return None
+
+
+def gang_of(pod: Pod, sizes: Mapping[Workload, int] | None = None) -> Gang | None:
+    """The pod's gang: sunk's label/annotation, else its JobSet, indexed Job or
+    LeaderWorkerSet group. A JobSet's or Job's size is read from its spec by the
+    caller (`sizes`); without it the gang's size is 0."""
     labels, annotations = _meta(pod)
     both = {**annotations, **labels}
     if name := both.get(GANG_NAME):
         return Gang(label_value(name, GANG_NAME), _positive(both.get(GANG_SIZE), GANG_SIZE))
-    if (jobset := labels.get(JOBSET_NAME)) and (job := labels.get(JOBSET_REPLICATED_JOB)):
-        size = both.get(JOBSET_PARALLELISM) or both.get(JOBSET_REPLICAS)
-        if size is not None:
-            jobset = label_value(jobset, JOBSET_NAME)
-            job = label_value(job, JOBSET_REPLICATED_JOB)
-            return Gang(f"jobset-{jobset}-{job}", _positive(size, JOBSET_PARALLELISM))
+    if (workload := workload_of(pod)) is not None:
+        prefix = "jobset" if workload.kind == "JobSet" else "job"
+        return Gang(f"{prefix}-{workload.name}", (sizes or {}).get(workload, 0), workload)
     if (lws := labels.get(LWS_NAME)) and (size := both.get(LWS_SIZE)):
         index = labels.get(LWS_GROUP_INDEX, "0")
         if not (index.isascii() and index.isdigit()):
