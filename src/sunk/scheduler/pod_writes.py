@@ -14,7 +14,7 @@ from lightkube.resources.core_v1 import Pod
 
 from sunk.api import CONDITION_SLURM_GPUS, TAINT_NODE_LOCK
 from sunk.kube.matching import tolerates
-from sunk.scheduler.decide import pod_annotations
+from sunk.scheduler.decide import carries
 from sunk.scheduler.request import ANNOTATION_JOB_ID
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -45,7 +45,7 @@ def lock_toleration_patch(pod: Pod, job_id: int) -> dict[str, Any] | None:
 
 def pending_job_patch(pod: Pod, job_id: int | None) -> dict[str, Any] | None:
     """The pending job's id on the pod, unless it is there already."""
-    if job_id is None or pod_annotations(pod).get(ANNOTATION_JOB_ID) == str(job_id):
+    if job_id is None or carries(pod, job_id):
         return None
     return job_id_patch(job_id)
 
