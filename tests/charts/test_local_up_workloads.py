@@ -74,8 +74,8 @@ def indexed_job(info: dict[str, Any], name: str, parallelism: int, completions: 
     )
 
 
-async def job_pods(kube: AsyncClient, name: str) -> list[Pod]:
-    return [p async for p in kube.list(Pod, namespace="default", labels={"job-name": name})]
+async def labelled_pods(kube: AsyncClient, label: str, value: str) -> list[Pod]:
+    return [p async for p in kube.list(Pod, namespace="default", labels={label: value})]
 
 
 def scheduled_at(pod: Pod) -> float | None:
@@ -97,7 +97,7 @@ def waiting_message(pod: Pod) -> str:
 async def delete_job(kube: AsyncClient, name: str) -> None:
     with contextlib.suppress(ApiError):
         await kube.delete(Job, name, namespace="default", cascade=CascadeType.BACKGROUND)
-    for pod in await job_pods(kube, name):
+    for pod in await labelled_pods(kube, "job-name", name):
         assert pod.metadata is not None
         assert pod.metadata.name is not None
         with contextlib.suppress(ApiError):
@@ -136,12 +136,12 @@ async def none_bound(kube: AsyncClient, label: str, value: str, count: int, says
     of them bound."""
 
     async def all_told() -> bool:
-        pods = [p async for p in kube.list(Pod, namespace="default", labels={label: value})]
+        pods = await labelled_pods(kube, label, value)
         return len(pods) == count and all(says in waiting_message(p) for p in pods)
 
     await wait_for(f"every pod of {value} told {says!r}", all_told, timeout=120)
     await asyncio.sleep(10)  # a gang placed in part would show by now
-    pods = [p async for p in kube.list(Pod, namespace="default", labels={label: value})]
+    pods = await labelled_pods(kube, label, value)
     assert not [p for p in pods if p.spec and p.spec.nodeName], "a pod was bound"
     return waiting_message(pods[0])
 
@@ -238,10 +238,6 @@ def jobset(info: dict[str, Any], name: str, worker_jobs: int) -> Any:
     ]
     spec = {"replicatedJobs": replicated}
     return JobSet(metadata=ObjectMeta(name=name, namespace="default"), spec=spec)
-
-
-async def labelled_pods(kube: AsyncClient, label: str, value: str) -> list[Pod]:
-    return [p async for p in kube.list(Pod, namespace="default", labels={label: value})]
 
 
 async def bound_as_one_job(
