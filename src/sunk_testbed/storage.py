@@ -17,9 +17,12 @@ built by the pure functions below.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import base64
 import json
 import secrets
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -482,3 +485,44 @@ async def storage_ready(kube: Any, names: Sequence[str]) -> bool:
         if DRIVER not in {d.name for d in (csi_node.spec.drivers or [])}:
             return False
     return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sunk_testbed.storage",
+        description="Build the shared storage's binaries and images; with --install, "
+        "install it on a running bed.",
+    )
+    parser.add_argument("--install", type=Path, metavar="STATE", help="a running bed's state dir")
+    args = parser.parse_args(argv)
+
+    def log(message: str) -> None:
+        print(f"[storage] {message}", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    images = ensure_storage_images(log)
+    for image in (images.seaweedfs, images.csi_s3, images.provisioner, images.registrar):
+        print(image.ref, image.digest)
+    log(f"built in {time.monotonic() - started:.1f} s")
+    if args.install is not None:
+        asyncio.run(_install_on(args.install, images, log))
+    return 0
+
+
+async def _install_on(state_dir: Path, images: StorageImages, log: Log) -> None:
+    from sunk.kube.client import kube_client
+    from sunk_testbed.bed import Bed
+
+    bed = Bed(state_dir)
+    access = bed.kube(log).access()
+    if access is None:
+        raise SystemExit(f"no running bed in {state_dir}")
+    client = kube_client(access.admin_kubeconfig, "sunk-testbed")
+    try:
+        await install_shared_storage(client, bed.node_bed(log).group, images, log)
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
