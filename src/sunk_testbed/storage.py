@@ -190,6 +190,7 @@ def seaweedfs_manifests(image: Image, data_dir: Path) -> list[dict[str, Any]]:
         "volumeMounts": [
             {"name": "data", "mountPath": "/data"},
             {"name": "config", "mountPath": "/etc/seaweedfs", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 (a scratch image has no /tmp)
         ],
     }
     pod = {
@@ -198,6 +199,7 @@ def seaweedfs_manifests(image: Image, data_dir: Path) -> list[dict[str, Any]]:
         "volumes": [
             {"name": "data", "hostPath": {"path": str(data_dir), "type": "DirectoryOrCreate"}},
             {"name": "config", "secret": {"secretName": S3_CONFIG}},
+            {"name": "tmp", "emptyDir": {}},
         ],
     }
     service = {
