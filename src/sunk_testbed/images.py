@@ -684,10 +684,14 @@ def ensure_extra_images(specs: Sequence[ImageSpec], log: Log) -> dict[str, Image
     `ensure_images` does for its set, with the same cache, lock and registry."""
     bases = {s.suite: _ensure_base_rootfs(s.suite, log) for s in specs if s.dockerfile}
     tags = {spec.key: spec.tag({suite: sha for suite, (_, sha) in bases.items()}) for spec in specs}
-    with file_lock(images_dir() / "build.lock"):
-        missing = [(s, tags[s.key]) for s in specs if not _pushed_digest(s.repository, tags[s.key])]
-        if missing:
-            _build_and_push(missing, bases, log)
+
+    def missing() -> list[tuple[ImageSpec, str]]:
+        return [(s, tags[s.key]) for s in specs if not _pushed_digest(s.repository, tags[s.key])]
+
+    if missing():  # the lock only when there is something to build
+        with file_lock(images_dir() / "build.lock"):
+            if todo := missing():
+                _build_and_push(todo, bases, log)
     built = {}
     for spec in specs:
         if not (digest := _pushed_digest(spec.repository, tags[spec.key])):
