@@ -53,8 +53,8 @@ S3_PORT = 8333
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 CSI_S3_VERSION = "v0.43.7"
 PROVISIONER_VERSION = "v5.3.0"
-# Bumped whenever testbed/storage/build.sh or the registrar changes what it produces.
-STORAGE_BUILD_REVISION = 1
+# Bumped whenever testbed/storage/ (build.sh, the patch, the registrar) changes what it makes.
+STORAGE_BUILD_REVISION = 2
 
 BINARIES = ("weed", "s3driver", "csi-provisioner", "csi-registrar")
 

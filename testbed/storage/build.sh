@@ -25,16 +25,20 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod
 # These modules carry replace directives (external-provisioner ~30,
 # SeaweedFS one), which `go install mod@version` refuses; so each is built
 # as its maintainers build it, from a writable copy of the module's own
-# directory (its go.mod and go.sum as released).
-#   build_copy MODULE VERSION PACKAGE OUTPUT_NAME
+# directory (its go.mod and go.sum as released). SeaweedFS gets one patch:
+# seaweedfs-directory-metadata.patch (directories keep s3fs's owner and mode).
+# A patch file (-p1, relative to the module's root) is applied to the copy.
+#   build_copy MODULE VERSION PACKAGE OUTPUT_NAME [PATCH]
 build_copy() {
-  local module=$1 version=$2 package=$3 name=$4 dir
+  local module=$1 version=$2 package=$3 name=$4 patch=${5:-} dir
   dir=$(go mod download -json "$module@$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
   cp -r "$dir" "$work/$name-src"
   chmod -R u+w "$work/$name-src"
+  [[ -z $patch ]] || patch -d "$work/$name-src" -p1 --forward <"$patch"
   (cd "$work/$name-src" && go build -trimpath -ldflags='-s -w' -o "$out/$name" "$package")
 }
-build_copy github.com/seaweedfs/seaweedfs "$seaweedfs_version" ./weed weed
+build_copy github.com/seaweedfs/seaweedfs "$seaweedfs_version" ./weed weed \
+  "$here/seaweedfs-directory-metadata.patch"
 build_copy github.com/yandex-cloud/k8s-csi-s3 "$csi_s3_version" ./cmd/s3driver s3driver
 build_copy github.com/kubernetes-csi/external-provisioner/v5 "$provisioner_version" \
   ./cmd/csi-provisioner csi-provisioner
