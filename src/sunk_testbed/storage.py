@@ -60,30 +60,21 @@ BINARIES = ("weed", "s3driver", "csi-provisioner", "csi-registrar")
 
 
 def storage_binaries_dir() -> Path:
-    name = (
-        f"seaweedfs-{SEAWEEDFS_VERSION}-csi-s3-{CSI_S3_VERSION}"
-        f"-provisioner-{PROVISIONER_VERSION}-r{STORAGE_BUILD_REVISION}"
-    )
-    return cache_dir() / "storage" / name
+    """Keyed by every version and the build's revision."""
+    versions = {"seaweedfs": SEAWEEDFS_VERSION, "csi-s3": CSI_S3_VERSION}
+    versions["provisioner"] = PROVISIONER_VERSION
+    key = "-".join(f"{part}-{version}" for part, version in versions.items())
+    return cache_dir() / "storage" / f"{key}-r{STORAGE_BUILD_REVISION}"
 
 
 def ensure_storage_binaries(log: Log) -> Path:
     """Build weed, s3driver, csi-provisioner and csi-registrar unless cached."""
     out = storage_binaries_dir()
-    if (out / ".complete").exists():
-        return out
-    log(
-        f"building SeaweedFS, the S3 CSI driver and its sidecars into {out} (log: {build_log(out)})"
-    )
-    script = [
-        str(SCRIPTS / "storage" / "build.sh"),
-        str(out),
-        SEAWEEDFS_VERSION,
-        CSI_S3_VERSION,
-        PROVISIONER_VERSION,
-    ]
-    build_once(out, script, "shared storage binaries")
-    log("shared storage binaries built")
+    if not (out / ".complete").exists():
+        log(f"building the shared storage into {out} (log: {build_log(out)})")
+        versions = (SEAWEEDFS_VERSION, CSI_S3_VERSION, PROVISIONER_VERSION)
+        build_once(out, [str(SCRIPTS / "storage" / "build.sh"), str(out), *versions], "storage")
+        log("shared storage binaries built")
     return out
 
 

@@ -42,8 +42,15 @@ def kubectl(
     access: KubeAccess, *args: str, timeout: float = 60, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The bed's kubectl as the admin, `input` on its stdin."""
+    return kubectl_at(access.admin_kubeconfig, *args, timeout=timeout, input=input)
+
+
+def kubectl_at(
+    kubeconfig: Path | str, *args: str, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The bed's kubectl with `kubeconfig`, `input` on its stdin."""
     return subprocess.run(
-        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={access.admin_kubeconfig}", *args],
+        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
         input=input,
         capture_output=True,
         text=True,
