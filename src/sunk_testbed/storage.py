@@ -54,7 +54,7 @@ SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 CSI_S3_VERSION = "v0.43.7"
 PROVISIONER_VERSION = "v5.3.0"
 # Bumped whenever testbed/storage/ (build.sh, the patch, the registrar) changes what it makes.
-STORAGE_BUILD_REVISION = 2
+STORAGE_BUILD_REVISION = 3
 
 BINARIES = ("weed", "s3driver", "csi-provisioner", "csi-registrar")
 
