@@ -104,6 +104,33 @@ async def running(kube: AsyncClient, name: str, namespace: str) -> bool:
     return bool(pod.status and pod.status.phase == "Running")
 
 
+async def await_running(
+    kube: AsyncClient, access: KubeAccess, name: str, namespace: str, node: str
+) -> float:
+    """Seconds until the pod runs; on a timeout, why not (its events, the
+    node plugin's log on its node). kubelet retries a failed mount with a
+    growing back-off, so a first failure costs more than the mount itself."""
+    started = time.monotonic()
+    try:
+        await wait_for(f"pod {name} running on {node}", lambda: running(kube, name, namespace), 180)
+    except AssertionError as late:
+        described = kubectl(access, "-n", namespace, "describe", "pod", name).stdout
+        plugin = kubectl(
+            access,
+            "-n",
+            NAMESPACE,
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=csi-s3-node",
+            "-c",
+            "csi-s3",
+            "--tail=40",
+            "--prefix",
+        ).stdout
+        raise AssertionError(f"{late}\n{described[-3000:]}\n{plugin[-4000:]}") from None
+    return time.monotonic() - started
+
+
 async def buckets(kube: AsyncClient) -> set[str]:
     """The buckets SeaweedFS holds: its filer's listing of /buckets/ (plain
     HTTP on port 8888 of its pod; the host routes the room's pod addresses)."""
@@ -146,10 +173,9 @@ async def test_a_shared_claim_is_one_tree_on_two_nodes(
     _log(f"claim bound in {time.monotonic() - started:.1f} s (volume {volume})")
     assert volume in await buckets(kube)
 
-    started = time.monotonic()
     await kube.create(user_pod("a", namespace, first, image, "home"))
-    await wait_for(f"pod a running on {first}", lambda: running(kube, "a", namespace), 90)
-    _log(f"first mount (pod a Running on {first}) in {time.monotonic() - started:.1f} s")
+    took = await await_running(kube, kube_access, "a", namespace, first)
+    _log(f"first mount (pod a Running on {first}) in {took:.1f} s")
     run_in(
         kube_access,
         namespace,
@@ -157,10 +183,9 @@ async def test_a_shared_claim_is_one_tree_on_two_nodes(
         f"mkdir -p /shared/home && echo from-a > {FILE} && chmod 0640 {FILE}",
     )
 
-    started = time.monotonic()
     await kube.create(user_pod("b", namespace, second, image, "home"))
-    await wait_for(f"pod b running on {second}", lambda: running(kube, "b", namespace), 90)
-    _log(f"second node's mount (pod b Running on {second}) in {time.monotonic() - started:.1f} s")
+    took = await await_running(kube, kube_access, "b", namespace, second)
+    _log(f"second node's mount (pod b Running on {second}) in {took:.1f} s")
     assert run_in(kube_access, namespace, "b", f"stat -c '%u %g %a' {FILE}").split() == [
         str(USER),
         str(USER),
