@@ -405,8 +405,10 @@ def _build_dockerfile(buildah: _Buildah, spec: _Spec, name: str) -> None:
     # The context holds exactly the hashed inputs, so the tag says what is in it.
     with tempfile.TemporaryDirectory(dir=buildah.tmp, prefix="context-") as context:
         for path in spec.inputs:
-            for file in _tree_files(REPO_ROOT / path):
-                target = Path(context) / file.relative_to(REPO_ROOT)
+            # A binary from the cache (an absolute path) lies at the context's top.
+            root = path.parent if path.is_absolute() else REPO_ROOT
+            for file in _tree_files(root / path):
+                target = Path(context) / file.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(file, target)
         buildah.run(
@@ -694,6 +696,31 @@ def ensure_images(
     partial.write_text(images.to_json())
     partial.replace(record)
     return images
+
+
+# What images beyond the set a bed's nodes pull are made of (`sunk_testbed.storage`'s).
+ImageSpec = _Spec
+
+
+def ensure_extra_images(specs: Sequence[ImageSpec], log: Log) -> dict[str, Image]:
+    """Build and push images only some beds need, by their `key`: what
+    `ensure_images` does for its set, with the same cache, lock and registry."""
+    bases = {s.suite: _ensure_base_rootfs(s.suite, log) for s in specs if s.dockerfile}
+    tags = {spec.key: spec.tag({suite: sha for suite, (_, sha) in bases.items()}) for spec in specs}
+
+    def missing() -> list[tuple[ImageSpec, str]]:
+        return [(s, tags[s.key]) for s in specs if not _pushed_digest(s.repository, tags[s.key])]
+
+    if missing():  # the lock only when there is something to build
+        with file_lock(images_dir() / "build.lock"):
+            if todo := missing():
+                _build_and_push(todo, bases, log)
+    built = {}
+    for spec in specs:
+        if not (digest := _pushed_digest(spec.repository, tags[spec.key])):
+            raise RuntimeError(f"{spec.repository}:{tags[spec.key]} was not pushed")
+        built[spec.key] = Image(spec.repository, tags[spec.key], digest)
+    return built
 
 
 def _build_and_push(

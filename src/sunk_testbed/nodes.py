@@ -133,6 +133,9 @@ class KubeletNodes:
         Images come from `registry` (host:port). Returns the nodes whose kubelet
         it started. Readiness is the caller's."""
         subnet = self.room.subnet()
+        # Shared, so that CSI node plugins' Bidirectional mounts (below each
+        # node's kubelet root) work here as on a real host (sunk_testbed.storage).
+        self.room.share(self.dir)
         indices = {spec.name: self._index(spec.name) for spec in nodes}
         for spec in nodes:
             self._start_containerd(

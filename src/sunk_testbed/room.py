@@ -162,6 +162,21 @@ class MachineRoom:
         table = sh(self._in_mounts(["cat", "/proc/self/mountinfo"]))
         return [line.split()[4] for line in table.splitlines()]
 
+    def share(self, directory: Path) -> None:
+        """Make `directory` a shared mount inside the room (bound onto itself,
+        then `--make-rshared`), as every directory is on a systemd host. A CSI
+        node plugin's `Bidirectional` volume (its FUSE mounts reaching kubelet
+        and the pods) is refused by containerd below a private mount, and the
+        room's mounts are private. The peer group is the room's alone: nothing
+        propagates to or from the host. Idempotent; call it before anything
+        is mounted below `directory` (a bind would hide those mounts)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = str(directory.resolve())
+        if path in self.mounts():
+            return
+        sh(self._in_mounts(["mount", "--bind", path, path]))
+        sh(self._in_mounts(["mount", "--make-rshared", path]))
+
     def unmount_below(self, directory: Path) -> None:
         """Lazily unmount everything the room has at or below `directory`, deepest first."""
         if not is_mount_point(self.mountns_path):

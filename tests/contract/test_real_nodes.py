@@ -8,33 +8,20 @@ No stand-in: every pod below runs on a real kubelet in a real container.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient, codecs
 from lightkube.resources.core_v1 import Node, Pod
 
-from plugins.nodes import RealNodes
+from plugins.nodes import RealNodes, kubectl
 from plugins.slurm_pods import wait_for
 from sunk_testbed import nodeconf
 from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.images import DEFAULT_SLURM, SLURM_SUITES
-from sunk_testbed.nodes import node_binaries_dir, nodes_ready
+from sunk_testbed.nodes import nodes_ready
 
 pytestmark = pytest.mark.contract
-
-
-def kubectl(
-    access: KubeAccess, *args: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={access.admin_kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def pod(name: str, namespace: str, node: str, image: str, command: list[str], **extra: object):  # type: ignore[no-untyped-def]

@@ -26,10 +26,10 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
+from plugins.nodes import kubectl_at
 from plugins.slurm_pods import wait_for
 from sunk_testbed.bed import NAMESPACE, RELEASE, Bed
 from sunk_testbed.helm import Helm, ensure_helm
-from sunk_testbed.nodes import node_binaries_dir
 
 FIXTURE = "local_cluster"
 
@@ -70,14 +70,7 @@ def kubectl(
     state: Path, *args: str, timeout: float = 60, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     config = summary(state)["kubernetes"]["kubeconfig"]
-    return subprocess.run(
-        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={config}", *args],
-        input=input,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return kubectl_at(config, *args, timeout=timeout, input=input)
 
 
 def cluster_helm(state: Path) -> Helm:

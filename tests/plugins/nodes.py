@@ -8,6 +8,7 @@ modules that need nodes take it and schedule onto its node names.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ from lightkube import AsyncClient
 
 from sunk_testbed import images
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane
-from sunk_testbed.nodes import KubeletNodes, NodeBed, NodeSpec, ensure_node_binaries
+from sunk_testbed.nodes import (
+    KubeletNodes,
+    NodeBed,
+    NodeSpec,
+    ensure_node_binaries,
+    node_binaries_dir,
+)
 from sunk_testbed.procs import Supervisor
 from sunk_testbed.room import MachineRoom
 
@@ -29,6 +36,27 @@ NODE_PREFIX = "kn-"
 
 def _log(message: str) -> None:
     print(f"[nodes] {message}", file=sys.stderr, flush=True)
+
+
+def kubectl(
+    access: KubeAccess, *args: str, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The bed's kubectl as the admin, `input` on its stdin."""
+    return kubectl_at(access.admin_kubeconfig, *args, timeout=timeout, input=input)
+
+
+def kubectl_at(
+    kubeconfig: Path | str, *args: str, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The bed's kubectl with `kubeconfig`, `input` on its stdin."""
+    return subprocess.run(
+        [str(node_binaries_dir() / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @dataclass
