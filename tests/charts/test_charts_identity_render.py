@@ -81,7 +81,7 @@ def test_static_stays_as_it_was(helm: Helm, tmp_path: Path) -> None:
         assert "nslcd" not in sidecars, name
     sshd = of_kind(docs, "ConfigMap")["rel-login"]["data"]["sshd_config"].splitlines()
     assert "AuthorizedKeysCommand /usr/bin/cat /etc/ssh/authorized-keys/%u" in sshd
-    assert "UsePAM no" in sshd
+    assert "UsePAM yes" in sshd  # pam_mkhomedir (homes.createOnLogin)
     assert "PasswordAuthentication no" in sshd
 
 
@@ -184,15 +184,16 @@ def test_ssh_takes_the_directorys_keys_and_passwords_only_when_asked(
     assert "AuthorizedKeysCommand /bin/sh /etc/ssh/chart/ldap-keys %u" in sshd
     assert "AuthorizedKeysCommandUser sunk-sshkeys" in sshd
     assert "PasswordAuthentication no" in sshd
-    assert "UsePAM no" in sshd
-    assert "pam-sshd" not in login
+    # PAM only for making homes (homes.createOnLogin): no password passes.
+    assert "UsePAM yes" in sshd
+    assert "pam_ldap" not in login["pam-sshd"]
+    assert "auth    required pam_deny.so" in login["pam-sshd"].splitlines()
     script = login["ldap-keys"]
     assert "-y /run/ldap-keys/bind-password" in script
     assert "ou=people,dc=sunk,dc=local" in script
     pod = of_kind(docs, "StatefulSet")["rel-login"]["spec"]["template"]["spec"]
     sshd_mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert "/run/ldap-keys" in sshd_mounts
-    assert "/etc/pam.d/sshd" not in sshd_mounts
 
     with_passwords = {**SEEDED, "identity": {**SEEDED["identity"]}}
     with_passwords["identity"]["ldap"] = {"server": {"enabled": True}, "passwordLogin": True}

@@ -196,6 +196,10 @@ LOGIN_IMAGE_HOLDS = (
     "usr/lib/openssh/sftp-server",  # the chart's sshd_config names it
     "usr/lib/openssh/ssh-keysign",  # hostbased ssh to the nodes of one's jobs
     "usr/bin/ldapsearch",  # sshd's AuthorizedKeysCommand with identity.provider ldap
+    # homes.createOnLogin: pam_mkhomedir runs the helper, which copies /etc/skel.
+    "usr/lib/x86_64-linux-gnu/security/pam_mkhomedir.so",
+    "usr/sbin/mkhomedir_helper",
+    "etc/skel/.bashrc",
     "usr/lib/sunk/spank_containers.so",
 )
 # The one host users reach: no Slurm daemon, no database server.

@@ -336,13 +336,14 @@ AuthorizedKeysCommandUser nobody
 {{- if and (include "slurm.ldap" .) .Values.identity.ldap.passwordLogin }}
 # Directory passwords through PAM (pam_ldap: nslcd binds as the user).
 PasswordAuthentication yes
-KbdInteractiveAuthentication no
-PermitRootLogin no
-UsePAM yes
 {{- else }}
 PasswordAuthentication no
+{{- end }}
 KbdInteractiveAuthentication no
 PermitRootLogin no
+{{- if include "slurm.loginPam" . }}
+UsePAM yes
+{{- else }}
 UsePAM no
 {{- end }}
 PrintMotd no
@@ -390,11 +391,22 @@ done
 {{- end -}}
 {{- end -}}
 
-{{/* The login pods' PAM for sshd with identity.ldap.passwordLogin: the
+{{/* Whether the login pods' sshd goes through PAM: for directory passwords
+  (identity.ldap.passwordLogin) or to make homes at first login
+  (homes.createOnLogin). */}}
+{{- define "slurm.loginPam" -}}
+{{- if or .Values.homes.createOnLogin (and (include "slurm.ldap" .) .Values.identity.ldap.passwordLogin) }}true{{ end -}}
+{{- end -}}
+
+{{/* The login pods' PAM for sshd. With identity.ldap.passwordLogin, the
   directory's password (pam_ldap through nslcd) for directory users, whose
-  account nslcd checks too; nothing else (no pam_loginuid: containers may not
-  set it). */}}
-{{- define "slurm.ldapSshdPam" -}}
+  account nslcd checks too; otherwise keys only (sshd never asks PAM to
+  authenticate a key, and no password may pass). With homes.createOnLogin,
+  pam_mkhomedir makes a missing home (0700, from /etc/skel) as the session
+  opens; optional, so a user still logs in to see what is wrong when it
+  cannot. Nothing else (no pam_loginuid: containers may not set it). */}}
+{{- define "slurm.loginSshdPam" -}}
+{{- if include "slurm.loginPam" . -}}
 {{- if and (include "slurm.ldap" .) .Values.identity.ldap.passwordLogin -}}
 auth    [success=1 default=ignore] pam_ldap.so minimum_uid={{ .Values.identity.ldap.minUid }}
 auth    requisite pam_deny.so
@@ -402,6 +414,65 @@ auth    required pam_permit.so
 account [success=1 default=ignore] pam_ldap.so minimum_uid={{ .Values.identity.ldap.minUid }}
 account requisite pam_deny.so
 account required pam_permit.so
+{{- else -}}
+auth    required pam_deny.so
+account required pam_permit.so
+{{- end }}
+{{- if .Values.homes.createOnLogin }}
+session optional pam_mkhomedir.so umask=0077 skel=/etc/skel
+{{- end }}
 session required pam_permit.so
 {{- end -}}
+{{- end -}}
+
+{{/* The claim holding users' homes: the chart's, the named one, or "" (no
+  shared homes). */}}
+{{- define "slurm.homesClaim" -}}
+{{- if .Values.homes.existingClaim -}}
+{{ .Values.homes.existingClaim }}
+{{- else if .Values.homes.storageClassName -}}
+{{ include "slurm.fullname" . }}-homes
+{{- end -}}
+{{- end -}}
+
+{{/* Before a pod mounts the homes' directory at /home: that directory made
+  root's, 0755. kubelet would make a missing one with the mode of the claim's
+  root, often 0777; anyone able to write /home could make another user's
+  home before pam_mkhomedir does, or replace it with a symlink. */}}
+{{- define "slurm.homesInit" -}}
+{{- if include "slurm.homesClaim" . }}
+- name: homes
+  image: {{ include "slurm.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - sh
+    - -ec
+    - |
+      dir=/claim/{{ .Values.homes.subPath }}
+      if [ -L "$dir" ] || { [ -e "$dir" ] && [ ! -d "$dir" ]; }; then
+        echo "homes.subPath: $dir on the claim is not a directory; refusing to mount it at /home" >&2
+        exit 1
+      fi
+      mkdir -p "$dir"
+      chown 0:0 "$dir"
+      chmod 0755 "$dir"
+  securityContext:
+    runAsUser: 0
+  volumeMounts:
+    - {name: homes, mountPath: /claim}
+{{- end }}
+{{- end -}}
+
+{{- define "slurm.homesMount" -}}
+{{- if include "slurm.homesClaim" . }}
+- {name: homes, mountPath: /home, subPath: {{ .Values.homes.subPath | quote }}}
+{{- end }}
+{{- end -}}
+
+{{- define "slurm.homesVolume" -}}
+{{- with include "slurm.homesClaim" . }}
+- name: homes
+  persistentVolumeClaim:
+    claimName: {{ . }}
+{{- end }}
 {{- end -}}
