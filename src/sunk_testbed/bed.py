@@ -3,8 +3,9 @@
 `sunk local up` goes through `Bed`: it builds or reuses the caches (Kubernetes,
 the node binaries, helm, the images), starts the control plane, then real
 nodes (a kubelet and a containerd each, `sunk_testbed.nodes`) that pull the
-images from the bed's registry, installs the sunk-cluster and slurm charts
-with the real helm, and waits until a user on the login pod sees every
+images from the bed's registry, serves ReadWriteMany claims (SeaweedFS through
+an S3 CSI driver, `sunk_testbed.storage`) for the users' homes, installs the
+sunk-cluster and slurm charts with the real helm, and waits until a user on the login pod sees every
 compute node idle in `sinfo`. Every pod of both charts, sunk's own
 components included, runs from its image on a real kubelet: `up` starts no
 product process on the host. Every daemon is recorded by the Supervisor, so
@@ -36,6 +37,12 @@ from sunk_testbed.images import ImageSet, Registry, ensure_images
 from sunk_testbed.nodes import NodeBed, NodeSpec, ensure_node_binaries
 from sunk_testbed.procs import Supervisor
 from sunk_testbed.slurm_cluster import ensure_rootfs
+from sunk_testbed.storage import (
+    STORAGE_CLASS,
+    StorageImages,
+    ensure_storage_images,
+    install_shared_storage,
+)
 from sunk_testbed.workloads import ensure_workload_binaries
 
 Log = Callable[[str], None]
@@ -66,6 +73,7 @@ class Prepared:
     rootfs: Path
     helm: Path
     images: ImageSet
+    storage: StorageImages  # the homes' shared filesystem and its CSI driver
     seconds: float
     cold: bool  # True when anything had to be built or downloaded
 
@@ -104,7 +112,10 @@ class Bed:
         helm = ensure_helm(note)
         managers = ensure_workload_binaries(note) if workloads else None
         built = ensure_images(note, coredns=node_bin / "coredns", workloads=managers)
-        return Prepared(kube_bin, node_bin, rootfs, helm, built, time.monotonic() - started, cold)
+        storage = ensure_storage_images(note)
+        return Prepared(
+            kube_bin, node_bin, rootfs, helm, built, storage, time.monotonic() - started, cold
+        )
 
     def kube(self, log: Log = print) -> KubeControlPlane:
         return KubeControlPlane(self.state_dir, self.supervisor, log=log)
@@ -141,6 +152,7 @@ class Bed:
         pull = [images.coredns.ref, images.slurm.ref, images.sunk.ref, images.login.ref]
         if IDENTITY == "ldap":
             pull.append(images.ldap.ref)
+        pull += [prepared.storage.csi_s3.ref, prepared.storage.registrar.ref]
         node_bed.start(specs, prepared.node_bin, images.pause.ref, pull)
         # Where pods reach the host, as for the bed's own registry.
         host = node_bed.registry.address.rsplit(":", 1)[0]
@@ -186,15 +198,19 @@ class Bed:
         await node_bed.ready(client, kube, names, prepared.images.coredns.ref, 120)
         log(f"{len(names)} nodes and cluster DNS ready in {time.monotonic() - t0:.1f}s")
         await charts.apply_volumes(client, self.state_dir / "volumes")
+        # The homes' class, served while sunk-cluster installs; the slurm
+        # chart's claim needs it.
+        storage = asyncio.create_task(
+            install_shared_storage(client, node_bed.group, prepared.storage, log)
+        )
 
         t1 = time.monotonic()
         key = self.files / "id_ed25519"
         user = charts.User(USER_NAME, USER_UID, charts.new_ssh_key(key))
-        charts.make_homes(self.files / "home", [user])
         helm = Helm(prepared.helm, kube.admin_kubeconfig, self.files / "helm")
         values = charts.slurm_values(
             users=[user],
-            home=self.files / "home",
+            homes_class=STORAGE_CLASS,
             images=prepared.images,
             registry=node_bed.registry.address,
             private_registry=private,
@@ -250,6 +266,7 @@ class Bed:
         )
         secret = charts.registry_auth_secret(NAMESPACE, private, *self.private_registry().login())
         await client.apply(codecs.from_dict(secret), force=True)
+        await storage
         await charts.install(
             helm,
             client,
@@ -402,7 +419,6 @@ class Bed:
                 "user": access.user,
                 "ssh_key": str(access.ssh_key),
                 "identity": IDENTITY,
-                "home": str(self.files / "home"),
                 "nodes": access.nodes,
             },
             "images": {image.repository: image.ref for image in images.all()},

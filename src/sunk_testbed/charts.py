@@ -3,8 +3,9 @@
 Every pod runs from its image (`sunk_testbed.images`, served by the bed's
 registry) on a real kubelet, sunk's own components included. The values here
 turn off what the bed lacks (a mailer), use the bed's Slurm settings, put the
-users' homes on a host directory every node shares and the charts' volumes on
-static hostPath PersistentVolumes in the bed's state directory.
+users' homes on a claim of the bed's ReadWriteMany class (`sunk_testbed.storage`)
+and the charts' other volumes on static hostPath PersistentVolumes in the
+bed's state directory.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class User:
 def slurm_values(
     *,
     users: Sequence[User],
-    home: Path,
+    homes_class: str,
     images: ImageSet,
     nodeset: str = "compute",
     backup: bool = False,
@@ -72,7 +73,8 @@ def slurm_values(
     gpus: int = 0,
 ) -> dict[str, Any]:
     """Values of the slurm chart for the bed: one NodeSet on the nodes labelled
-    `sunk.dev/pool=compute`, homes from the host's `home`, every pod from the
+    `sunk.dev/pool=compute`, homes on a claim of `homes_class` (a
+    ReadWriteMany class, the bed's `shared`), every pod from the
     bed's images of `slurm_release`. Slurm keeps the chart's production settings (cgroup process
     tracking and task containment, `PrologFlags=Alloc,Contain`). `registry`, the
     bed registry's HOST:PORT: container jobs pull `registry.sunk.test/...` from it,
@@ -94,8 +96,6 @@ def slurm_values(
         "DefMemPerCPU": 200,
         **({"GresTypes": "gpu"} if gpus else {}),
     }
-    home_volume = {"name": "home", "hostPath": {"path": str(home), "type": "Directory"}}
-    home_mount = {"name": "home", "mountPath": "/home"}
     daemons, login = images.slurm_pair(slurm_release)
     return {
         "image": {"repository": _repository(daemons), "tag": daemons.tag},
@@ -121,11 +121,11 @@ def slurm_values(
                 "nodeSelector": {NODE_POOL_LABEL: COMPUTE_POOL},
                 "resources": {"cpus": 2, "realMemoryMiB": 1000},
                 "nodeName": "{nodeset}-{node}",
-                "volumes": [home_volume],
-                "volumeMounts": [home_mount],
             }
         ],
         "partitions": [{"name": "debug", "nodesets": [nodeset], "default": True}],
+        # Homes made at each user's first ssh login (the chart's default).
+        "homes": {"storageClassName": homes_class},
         # slurmctld's OpenMetrics endpoints came with 25.11; 24.11 refuses MetricsType.
         "metrics": {"enabled": slurm_release >= "25.11"},
         "accounting": {
@@ -146,8 +146,6 @@ def slurm_values(
         },
         "login": {
             "authorizedKeys": {user.name: user.public_key for user in users},
-            "volumes": [home_volume],
-            "volumeMounts": [home_mount],
             "image": {"repository": _repository(login), "tag": login.tag},
         },
         "identity": {
@@ -374,16 +372,6 @@ async def apply_volumes(kube: AsyncClient, directory: Path) -> None:
         )
     for manifest in objects:
         await kube.apply(codecs.from_dict(manifest), force=True)
-
-
-def make_homes(home: Path, users: Sequence[User]) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    home.chmod(0o755)
-    for user in users:
-        path = home / user.name
-        path.mkdir(exist_ok=True)
-        path.chmod(0o700)
-        os.chown(path, user.uid, user.uid)
 
 
 def new_ssh_key(path: Path) -> str:

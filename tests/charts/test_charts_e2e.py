@@ -50,7 +50,7 @@ from lightkube.types import PatchType
 from plugins.chart_releases import install_both, remove_both
 from plugins.login_shell import LoginShell
 from plugins.nodes import RealNodes
-from plugins.slurm_pods import node_states
+from plugins.slurm_pods import node_states, wait_for
 from sunk.api import nodeset as nodeset_api
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess
@@ -62,21 +62,26 @@ RELEASE = "hpc"
 USER = charts.User("alice", 2000, "")
 COMPUTE_NODES = 3
 STATE_CLAIM = "ctld-state"
-JOBSCRIPTS_LOG = "/home/jobscripts.log"
-HEALTH_CHECK = """#!/bin/sh
-if [ -e "/home/unhealthy-$(hostname)" ]; then
+# Files the test reads and writes on the host, seen by the compute pods (a
+# hostPath): the job scripts' record and the markers that stand in for a
+# failing GPU and for a person with scontrol. The users' homes are the
+# chart's shared claim.
+MARKERS = "/var/lib/bed-markers"
+JOBSCRIPTS_LOG = f"{MARKERS}/jobscripts.log"
+HEALTH_CHECK = f"""#!/bin/sh
+if [ -e "{MARKERS}/unhealthy-$(hostname)" ]; then
   echo "GPU 3 fell off the bus"
   exit 1
 fi
 """
 # The e2e user is no Slurm admin; this root script on the node stands in for a
 # person with scontrol (state=drain or state=resume, when a marker says so).
-ADMIN_BY_MARKER = """#!/bin/sh
+ADMIN_BY_MARKER = f"""#!/bin/sh
 node=$(hostname)
-for marker in /home/admin-*-"$node"; do
+for marker in {MARKERS}/admin-*-"$node"; do
   [ -e "$marker" ] || continue
-  action=${marker#/home/admin-}
-  action=${action%-"$node"}
+  action=${{marker#{MARKERS}/admin-}}
+  action=${{action%-"$node"}}
   rm -f "$marker"
   scontrol update nodename="$node" state="$action" reason="bad DIMM, ticket 42"
 done
@@ -110,7 +115,7 @@ class ChartBed(LoginShell):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def bed(
-    kubelet_nodes: RealNodes, kube_access: KubeAccess, kube: AsyncClient
+    kubelet_nodes: RealNodes, kube_access: KubeAccess, kube: AsyncClient, shared_storage: str
 ) -> AsyncIterator[ChartBed]:
     helm_binary = await asyncio.to_thread(ensure_helm, print)
     state = Path(tempfile.mkdtemp(prefix="sunk-ch-", dir="/tmp"))
@@ -124,9 +129,8 @@ async def bed(
     helm = Helm(helm_binary, kube_access.admin_kubeconfig, state / "helm")
     key = state / "id_ed25519"
     user = charts.User(USER.name, USER.uid, charts.new_ssh_key(key))
-    charts.make_homes(state / "home", [user])
     values = charts.slurm_values(
-        users=[user], home=state / "home", images=kubelet_nodes.images, backup=True
+        users=[user], homes_class=shared_storage, images=kubelet_nodes.images, backup=True
     )
     # HA needs a state volume both controllers mount: a host directory here
     # (every node shares the host's), as ReadWriteMany storage would be.
@@ -136,10 +140,16 @@ async def bed(
     for part in ("login", "restapi", "accounting"):
         values.setdefault(part, {})["nodeSelector"] = services
     values["accounting"]["mariadb"]["nodeSelector"] = services
-    # Job scripts run by run-parts on the compute pods, as root; /home is shared.
+    markers = state / "markers"
+    markers.mkdir()
+    values["nodesets"][0]["volumes"] = [
+        {"name": "markers", "hostPath": {"path": str(markers), "type": "Directory"}}
+    ]
+    values["nodesets"][0]["volumeMounts"] = [{"name": "markers", "mountPath": MARKERS}]
+    # Job scripts run by run-parts on the compute pods, as root.
     values["prolog"] = {"10-record": f"#!/bin/sh\necho prolog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
     values["epilog"] = {"90-record": f"#!/bin/sh\necho epilog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
-    # A health check that fails on a node while /home holds a marker naming it.
+    # A health check that fails on a node while a marker names it.
     values["healthCheck"] = {
         "interval": 2,
         "scripts": {"05-admin": ADMIN_BY_MARKER, "10-marker": HEALTH_CHECK},
@@ -233,14 +243,16 @@ async def test_sbatch_runs_to_completion_and_sacct_shows_it(bed: ChartBed) -> No
         rf"^{job}\|COMPLETED\|{USER.name}",
         120,
     )
+    # Written by the compute pod into the home on the chart's shared claim.
     out = (await bed.ssh(f"cat ~/slurm-{job}.out")).stdout
     assert out.startswith("hello from compute-")
-    await bed.poll_ssh(
-        "prolog.d and epilog.d ran for the job",
-        f"cat {JOBSCRIPTS_LOG}",
-        rf"(?s)prolog {job}\n.*epilog {job}\n",
-        60,
-    )
+    record = bed.state / "markers" / Path(JOBSCRIPTS_LOG).name
+
+    async def scripts_ran() -> bool:
+        text = record.read_text() if record.exists() else ""
+        return re.search(rf"(?s)prolog {job}\n.*epilog {job}\n", text) is not None
+
+    await wait_for("prolog.d and epilog.d ran for the job", scripts_ran, 60)
 
 
 async def test_srun_on_three_nodes_prints_three_names(bed: ChartBed) -> None:
@@ -261,7 +273,7 @@ async def test_no_job_and_no_ssh_user_finds_a_kubernetes_token(bed: ChartBed) ->
 
 async def test_a_failing_health_check_drains_its_idle_node_until_it_passes(bed: ChartBed) -> None:
     node = bed.compute_nodes[0]
-    marker = bed.state / "home" / f"unhealthy-{node}"
+    marker = bed.state / "markers" / f"unhealthy-{node}"
     marker.touch()
     try:
         await bed.poll_ssh(
@@ -283,7 +295,7 @@ async def test_a_failing_health_check_drains_its_idle_node_until_it_passes(bed: 
 
 async def test_the_health_check_leaves_a_persons_drain_alone(bed: ChartBed) -> None:
     node = bed.compute_nodes[1]
-    home = bed.state / "home"
+    markers = bed.state / "markers"
 
     async def reason_stays(seconds: float) -> None:
         deadline = asyncio.get_running_loop().time() + seconds
@@ -292,18 +304,18 @@ async def test_the_health_check_leaves_a_persons_drain_alone(bed: ChartBed) -> N
             assert f"Reason={ADMIN_REASON} [" in shown, shown
             await asyncio.sleep(1)
 
-    (home / f"admin-drain-{node}").touch()
+    (markers / f"admin-drain-{node}").touch()
     await bed.poll_ssh(
         "the person's drain", f"scontrol -o show node {node}", rf"Reason={ADMIN_REASON} \[", 60
     )
-    marker = home / f"unhealthy-{node}"
+    marker = markers / f"unhealthy-{node}"
     marker.touch()
     try:
         await reason_stays(8)  # four health-check passes: not overwritten
     finally:
         marker.unlink()
     await reason_stays(8)  # and not resumed once the checks pass
-    (home / f"admin-resume-{node}").touch()
+    (markers / f"admin-resume-{node}").touch()
     await bed.poll_ssh("the person's resume", f"sinfo -h -n {node} -o %t", r"^idle\n", 60)
 
 
@@ -454,20 +466,27 @@ async def test_helm_uninstall_leaves_nothing(bed: ChartBed) -> None:
         nodeset_api.resource(),
     ]
 
+    # The users' homes are kept on purpose (helm.sh/resource-policy: keep).
+    homes = f"{RELEASE}-homes"
+    kept = await bed.kube.get(PersistentVolumeClaim, homes, namespace=ns)
+    assert kept.metadata is not None
+    assert (kept.metadata.annotations or {}).get("helm.sh/resource-policy") == "keep"
+
     async def leftovers() -> list[str]:
         found = []
         for kind in leftover_kinds:
             async for obj in bed.kube.list(kind, namespace=ns):
                 name = obj.metadata.name if obj.metadata else ""
                 # The namespace's own CA bundle; the test's own state claim.
-                if name not in ("kube-root-ca.crt", STATE_CLAIM):
+                if name not in ("kube-root-ca.crt", STATE_CLAIM, homes):
                     found.append(f"{kind.__name__}/{name}")
         async for pv in bed.kube.list(PersistentVolume):
             claim = pv.spec.claimRef if pv.spec else None
             # The bed's static volumes (reclaim policy Retain) stay, Released, as
             # on any cluster with static provisioning; the bed deletes them.
             static = pv.spec is not None and pv.spec.storageClassName == charts.STORAGE_CLASS
-            if claim and claim.namespace == ns and claim.name != STATE_CLAIM and not static:
+            ours = claim and claim.name not in (STATE_CLAIM, homes)
+            if claim and claim.namespace == ns and ours and not static:
                 found.append(f"PersistentVolume/{pv.metadata.name if pv.metadata else ''}")
         return found
 

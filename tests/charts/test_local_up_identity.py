@@ -61,10 +61,6 @@ def test_a_directory_user_logs_in_runs_a_job_under_its_uid_and_is_refused_once_d
 ) -> None:
     key = tmp_path / "id_ed25519"
     public = charts.new_ssh_key(key)
-    home = Path(summary(cluster)["slurm"]["home"]) / NAME
-    home.mkdir(exist_ok=True)
-    os.chown(home, UID, GID)
-    home.chmod(0o700)
     before = running_slurm_pods(cluster)
     assert _ssh(cluster, key, "true").returncode == 255  # not in the directory yet
 
@@ -80,9 +76,10 @@ def test_a_directory_user_logs_in_runs_a_job_under_its_uid_and_is_refused_once_d
         f"cn: {GROUP}\ngidNumber: {GID}\nmemberUid: {NAME}\n",
     )
     try:
-        proc = _ssh(cluster, key, "id -u; id -gn")
+        # The first login makes the home on the shared claim (homes.createOnLogin).
+        proc = _ssh(cluster, key, "id -u; id -gn; cd && stat -c '%u:%g %a' . && pwd")
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.split() == [str(UID), GROUP]
+        assert proc.stdout.split() == [str(UID), GROUP, f"{UID}:{GID}", "700", f"/home/{NAME}"]
         print(f"ldapadd -> ssh: {time.monotonic() - started:.1f}s")
         # Jobs need an association (AccountingStorageEnforce, the chart's
         # default): the accounts loop's next pass makes it for the new member.

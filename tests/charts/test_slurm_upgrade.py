@@ -72,17 +72,20 @@ class Upgrade:
     user: charts.User
     images: ImageSet
     nodes: list[str]  # the Slurm nodes
+    homes_class: str
 
     def values(self, release: str) -> dict[str, object]:
-        home = self.state / "home"
         return charts.slurm_values(
-            users=[self.user], home=home, images=self.images, slurm_release=release
+            users=[self.user],
+            homes_class=self.homes_class,
+            images=self.images,
+            slurm_release=release,
         )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def cluster(
-    kubelet_nodes: RealNodes, kube_access: KubeAccess, kube: AsyncClient
+    kubelet_nodes: RealNodes, kube_access: KubeAccess, kube: AsyncClient, shared_storage: str
 ) -> AsyncIterator[Upgrade]:
     helm_binary = await asyncio.to_thread(ensure_helm, print)
     state = Path(tempfile.mkdtemp(prefix="sunk-up-", dir="/tmp"))
@@ -92,9 +95,9 @@ async def cluster(
     before = await node_states(kube, kubelet_nodes.names)
     key = state / "id_ed25519"
     user = charts.User(USER.name, USER.uid, charts.new_ssh_key(key))
-    charts.make_homes(state / "home", [user])
     shell = LoginShell(kube, namespace, RELEASE, key, USER.name)
-    made = Upgrade(shell, helm, state, user, kubelet_nodes.images, [f"compute-{n}" for n in names])
+    computes = [f"compute-{n}" for n in names]
+    made = Upgrade(shell, helm, state, user, kubelet_nodes.images, computes, shared_storage)
     # The same NodeSet before and after: only the image's tag changes.
     slurmd_pods = charts.render_slurmd_pod_allowance(
         helm, RELEASE, namespace, made.values(OLD), state / "values.yaml"

@@ -9,29 +9,20 @@ other, and the data gone with the claim.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from lightkube import ApiError, AsyncClient, codecs
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
 from plugins.nodes import RealNodes, kubectl
 from plugins.slurm_pods import wait_for
 from sunk_testbed.control_plane import KubeAccess
-from sunk_testbed.storage import (
-    NAMESPACE,
-    SEAWEEDFS,
-    STORAGE_CLASS,
-    ensure_storage_images,
-    install_shared_storage,
-)
+from sunk_testbed.storage import NAMESPACE, SEAWEEDFS
 
 # A cold cache builds SeaweedFS, the driver and the sidecars first (minutes).
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
@@ -44,16 +35,7 @@ def _log(message: str) -> None:
     print(f"[storage] {message}", file=sys.stderr, flush=True)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def shared_storage(kube: AsyncClient, kubelet_nodes: RealNodes) -> AsyncIterator[None]:
-    started = time.monotonic()
-    images = await asyncio.to_thread(ensure_storage_images, _log)
-    _log(f"images ready in {time.monotonic() - started:.1f} s")
-    await install_shared_storage(kube, kubelet_nodes.group, images, _log, within=300)
-    yield
-
-
-def claim(name: str, namespace: str) -> Any:
+def claim(name: str, namespace: str, storage_class: str) -> Any:
     return codecs.from_dict(
         {
             "apiVersion": "v1",
@@ -61,7 +43,7 @@ def claim(name: str, namespace: str) -> Any:
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
                 "accessModes": ["ReadWriteMany"],
-                "storageClassName": STORAGE_CLASS,
+                "storageClassName": storage_class,
                 "resources": {"requests": {"storage": "1Gi"}},
             },
         }
@@ -154,14 +136,14 @@ async def test_a_shared_claim_is_one_tree_on_two_nodes(
     kube: AsyncClient,
     kube_access: KubeAccess,
     kubelet_nodes: RealNodes,
-    shared_storage: None,
+    shared_storage: str,
     namespace: str,
 ) -> None:
     image = kubelet_nodes.images.container_test.ref
     first, second = kubelet_nodes.names[:2]
 
     started = time.monotonic()
-    await kube.create(claim("home", namespace))
+    await kube.create(claim("home", namespace, shared_storage))
 
     async def bound() -> str:
         pvc = await kube.get(PersistentVolumeClaim, "home", namespace=namespace)

@@ -103,3 +103,16 @@ async def kubelet_nodes(
     await asyncio.to_thread(bed.reap_pulls, 120)
     yield RealNodes(bed, specs, built, bin_dir)
     await asyncio.to_thread(bed.stop, bin_dir)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def shared_storage(kube: AsyncClient, kubelet_nodes: RealNodes) -> str:
+    """The bed's ReadWriteMany class on the session's nodes (SeaweedFS through
+    the S3 CSI driver, `sunk_testbed.storage`), installed once; its name,
+    what the slurm chart's `homes.storageClassName` takes."""
+    from sunk_testbed.storage import STORAGE_CLASS, ensure_storage_images, install_shared_storage
+
+    # A cold cache builds SeaweedFS, the driver and the sidecars first (minutes).
+    built = await asyncio.to_thread(ensure_storage_images, _log)
+    await install_shared_storage(kube, kubelet_nodes.group, built, _log, within=300)
+    return STORAGE_CLASS
