@@ -30,7 +30,7 @@ pytest_plugins = [
     "plugins.fuzz",
 ]
 
-BED_MARKS = ("contract", "e2e")
+BED_MARKS = ("contract", "e2e", "acceptance")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,6 +39,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(mark) for mark in BED_MARKS):
             item.add_marker(pytest.mark.unit)
+    # The default install's journey last: it leaves the session's nodes
+    # offering GPUs its plugin no longer serves, which would hold the slurmd
+    # pods of a later module's NodeSet (nodeset.pods.gpu_plugin_not_serving).
+    items.sort(key=lambda item: item.get_closest_marker("acceptance") is not None)
 
 
 @pytest.fixture(scope="session")

@@ -13,31 +13,11 @@ from pathlib import Path
 import pytest
 
 from plugins.local_cluster import ssh
+from plugins.mpi import HELLO
 
 pytestmark = pytest.mark.e2e
 
 NODES = ["compute-local-1", "compute-local-2", "compute-local-3"]
-
-# Each rank sums 1 + its rank over the pods' network and prints where it ran.
-HELLO = r"""
-#include <mpi.h>
-#include <stdio.h>
-#include <unistd.h>
-
-int main(int argc, char **argv) {
-    int rank, size, mine, sum;
-    char host[256];
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    gethostname(host, sizeof host);
-    mine = rank + 1;
-    MPI_Allreduce(&mine, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    printf("rank %d of %d on %s sum %d\n", rank, size, host, sum);
-    MPI_Finalize();
-    return 0;
-}
-"""
 
 
 @pytest.fixture

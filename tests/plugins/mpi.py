@@ -20,3 +20,24 @@ if comm.rank == 0:
     ends = {summed[0], summed[count - 1]}
     print("ranks", comm.size, "sum", total, "buffer", *ends, "hosts", *sorted(hosts))
 """
+
+# Each rank sums 1 + its rank over the pods' network and prints where it ran.
+HELLO = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    int rank, size, mine, sum;
+    char host[256];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    gethostname(host, sizeof host);
+    mine = rank + 1;
+    MPI_Allreduce(&mine, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    printf("rank %d of %d on %s sum %d\n", rank, size, host, sum);
+    MPI_Finalize();
+    return 0;
+}
+"""

@@ -1,0 +1,451 @@
+"""The users' journey on both charts installed with their defaults.
+
+A platform team installs sunk-cluster and slurm naming only what belongs to
+its own cluster (OVERRIDES below, each with the reason no default can hold
+it); everything else is the charts' defaults: Slurm's production settings,
+KillWait, QOS preemption, multifactor priority, GPU TRES, enforced
+associations, two replicas of each sunk component, component policies. The
+components act with the credentials the charts give them; the test logs in
+as a directory user over ssh and creates pods as a tenant would.
+
+Runs on the session's real nodes (kubelet + containerd each), pulling the
+images built here from the bed's registry. Stand-ins, named: the GPUs are
+device files shaped like NVIDIA's (`charts.stand_in_gpus`, no driver, so
+gres.conf names them), and the ReadWriteMany class is the bed's SeaweedFS
+through an S3 CSI driver (docs/testbed.md).
+
+The journey's steps shown here: 1 (a directory user builds with `mpicc` and
+runs a 3-node job from `$HOME`, its output read back on the login pod),
+3 (a JobSet and a LeaderWorkerSet, made by their real controllers, each one
+Slurm job with all its pods bound together), 4 (`sacct` shows the job's GPU
+TRES), 6 (a pod with Kubernetes' default grace period is placed; a gated pod
+gets no Slurm job until ungated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import (
+    Container,
+    PodSchedulingGate,
+    PodSpec,
+    ResourceRequirements,
+)
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.types import PatchType
+
+from plugins.chart_releases import CLUSTER_RELEASE, remove_both
+from plugins.login_shell import LoginShell
+from plugins.mpi import HELLO
+from plugins.nodes import RealNodes
+from plugins.slurm_pods import node_states, wait_for
+from sunk.api import RESOURCE_NODE_GPUS
+from sunk.scheduler.request import JOBSET_NAME, LWS_NAME
+from sunk_testbed import charts
+from sunk_testbed.control_plane import KubeAccess
+from sunk_testbed.helm import Helm, ensure_helm
+from sunk_testbed.images import Image
+from sunk_testbed.workloads import (
+    JobSet,
+    LeaderWorkerSet,
+    ensure_workload_images,
+    install_controllers,
+)
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(1800)]
+
+# The release names the charts' defaults expect of each other (sunk-cluster's
+# `slurm.*` and `componentPolicies.slurmdPods` name `slurm-*` objects).
+RELEASE = "slurm"
+COMPUTE_NODES = 3
+GPUS = 2
+USER = "researcher"
+UID = 2000
+TENANT_NAMESPACE = "inference"
+JOB_ID = "sunk.dev/slurm-job-id"
+
+# Every value the module sets, and why a platform team sets it too.
+OVERRIDES = {
+    "slurm": {
+        "image, login.image, identity.ldap.server.image": "the cluster's registry "
+        "(the images are built here and served by the bed's registry)",
+        "homes.storageClassName": "the cluster's ReadWriteMany class (the bed's `shared`)",
+        "controller.persistence, accounting.mariadb.persistence, "
+        "identity.ldap.server.persistence: storageClassName": "the cluster's storage "
+        "class for Slurm's state, the database and the directory (the bed has no "
+        "default class)",
+        "nodesets[0].nodeSelector": "which nodes are Slurm's",
+        "identity.provider, identity.ldap.server.enabled, identity.users, "
+        "identity.groups, login.authorizedKeys": "the identity source: the in-chart "
+        "directory, seeded with the team's first user and key",
+        "gresConfig": "the GPUs' device files: the stand-in GPUs have no driver for "
+        "AutoDetect=nvidia to ask",
+    },
+    "sunk-cluster": {
+        "image": "the cluster's registry",
+        "componentPolicies.slurmdPods.images": "the slurm image's repository in "
+        "that registry (the default names ghcr.io's)",
+        "scheduler.tenants": "which namespaces the scheduler serves, as whom",
+        "gpuPlugin.enabled, deviceDir, kubeletRootDir": "GPU nodes run sunk's GPU "
+        "plugin; the bed's stand-in device files and per-node kubelet roots",
+    },
+}
+
+
+def _repository(image: Image) -> str:
+    return image.ref.rsplit(":", 1)[0]
+
+
+def slurm_values(nodes: RealNodes, homes_class: str, public_key: str) -> dict[str, Any]:
+    daemons, login = nodes.images.slurm_pair(charts.DEFAULT_SLURM)
+    local = {"storageClassName": charts.STORAGE_CLASS}
+    return {
+        "image": {"repository": _repository(daemons), "tag": daemons.tag},
+        "login": {
+            "image": {"repository": _repository(login), "tag": login.tag},
+            "authorizedKeys": {USER: public_key},
+        },
+        "homes": {"storageClassName": homes_class},
+        "controller": {"persistence": local},
+        "accounting": {"mariadb": {"persistence": local}},
+        "nodesets": [
+            {"name": "compute", "nodeSelector": {charts.NODE_POOL_LABEL: charts.COMPUTE_POOL}}
+        ],
+        "identity": {
+            "provider": "ldap",
+            "users": [{"name": USER, "uid": UID, "gid": UID}],
+            "groups": [{"name": USER, "gid": UID, "members": [USER]}],
+            "ldap": {
+                "server": {
+                    "enabled": True,
+                    "image": {
+                        "repository": _repository(nodes.images.ldap),
+                        "tag": nodes.images.ldap.tag,
+                    },
+                    "persistence": local,
+                }
+            },
+        },
+        "gresConfig": f"Name=gpu File=/dev/nvidia[0-{GPUS - 1}]\n",
+    }
+
+
+def cluster_values(nodes: RealNodes, gpus: Path) -> dict[str, Any]:
+    daemons, _ = nodes.images.slurm_pair(charts.DEFAULT_SLURM)
+    sunk = nodes.images.sunk
+    return {
+        "image": {"repository": _repository(sunk), "tag": sunk.tag},
+        "componentPolicies": {"slurmdPods": {"images": [_repository(daemons)]}},
+        # The team's inference namespace runs as the researcher, in its own
+        # account (the directory group's), with the cluster's QOS.
+        "scheduler": {
+            "tenants": [{"namespaces": [TENANT_NAMESPACE], "uids": str(UID), "user": UID}]
+        },
+        "gpuPlugin": {
+            "enabled": True,
+            "deviceDir": str(gpus),
+            "kubeletRootDir": f"{nodes.group.dir}/{{node}}/kubelet",
+        },
+    }
+
+
+@dataclass
+class Journey:
+    shell: LoginShell
+    kube: AsyncClient
+    helm: Helm
+    state: Path
+    image: str  # what the tenant's pods run (the slurm image the nodes hold)
+    compute: list[str]  # the Slurm nodes
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def journey(
+    kubelet_nodes: RealNodes, kube_access: KubeAccess, kube: AsyncClient, shared_storage: str
+) -> AsyncIterator[Journey]:
+    helm_binary = await asyncio.to_thread(ensure_helm, print)
+    state = Path(tempfile.mkdtemp(prefix="sunk-acc-", dir="/tmp"))
+    helm = Helm(helm_binary, kube_access.admin_kubeconfig, state / "helm")
+    namespace = f"acceptance-{secrets.token_hex(2)}"
+    names = kubelet_nodes.names[:COMPUTE_NODES]
+    before = await node_states(kube, kubelet_nodes.names)
+    key = state / "id_ed25519"
+    public_key = charts.new_ssh_key(key)
+    gpus = charts.stand_in_gpus(state / "gpus", GPUS)
+    values = slurm_values(kubelet_nodes, shared_storage, public_key)
+    print("overrides of the charts' defaults:")
+    for chart, overrides in OVERRIDES.items():
+        for value, why in overrides.items():
+            print(f"  {chart}: {value} -- {why}")
+    started = time.monotonic()
+    try:
+        for name in names:
+            labels = {charts.NODE_POOL_LABEL: charts.COMPUTE_POOL}
+            await kube.patch(
+                Node, name, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE
+            )
+        for name in (namespace, TENANT_NAMESPACE):
+            await kube.create(Namespace(metadata=ObjectMeta(name=name)))
+        await charts.apply_volumes(kube, state / "volumes")
+        await charts.install(
+            helm,
+            kube,
+            CLUSTER_RELEASE,
+            "sunk-cluster",
+            namespace,
+            cluster_values(kubelet_nodes, gpus),
+            values_file=state / "cluster-values.yaml",
+        )
+        # The slurmd pods take every GPU the plugin offers: let it offer them first.
+        await charts.wait_until(
+            "the GPU plugin serving the compute nodes",
+            lambda: charts.nodes_offer(kube, names, RESOURCE_NODE_GPUS),
+            180,
+            interval=1,
+        )
+        await charts.install(
+            helm, kube, RELEASE, "slurm", namespace, values, values_file=state / "values.yaml"
+        )
+        shell = LoginShell(kube, namespace, RELEASE, key, USER)
+        compute = [f"compute-{n}" for n in names]
+        # Jobs need the directory group's account (AccountingStorageEnforce):
+        # the accounts loop makes it on its first pass.
+        await shell.poll_ssh(
+            "a job on every compute node",
+            f"srun -N{COMPUTE_NODES} --immediate=10 -t 1 hostname | sort",
+            "\n".join(compute),
+            600,
+        )
+        took = time.monotonic() - started
+        print(f"both charts installed and a job on every node in {took:.1f} s")
+        daemons, _ = kubelet_nodes.images.slurm_pair(charts.DEFAULT_SLURM)
+        yield Journey(shell, kube, helm, state, daemons.ref, compute)
+    finally:
+        with contextlib.suppress(ApiError):
+            await kube.delete(Namespace, TENANT_NAMESPACE)
+        await remove_both(helm, kube, namespace, RELEASE, state, before)
+
+
+async def test_1_a_directory_user_builds_with_mpicc_and_runs_three_nodes_from_home(
+    journey: Journey,
+) -> None:
+    shell = journey.shell
+    # The first login made the home, the user's alone, on the shared claim.
+    home = (await shell.ssh("cd && pwd && stat -c '%U %a' .")).stdout.split()
+    assert home == [f"/home/{USER}", USER, "700"]
+    name = f"hello-{time.time_ns()}"
+    # mpirun in the job: Debian's Slurm 26.05 has no PMIx plugin (docs/training.md).
+    script = (
+        f"cd && cat >{name}.c <<'EOF'\n{HELLO}EOF\n"
+        f"mpicc -O2 -o {name} {name}.c || exit\n"
+        f"sbatch --parsable -N{COMPUTE_NODES} --ntasks-per-node=1 -t 2 -o {name}.out"
+        f" --wrap 'mpirun ./{name}'"
+    )
+    started = time.monotonic()
+    job = (await shell.ssh(script)).stdout.strip().split(";")[0]
+    state = await shell.poll_ssh(
+        f"job {job} ended",
+        f"sacct -n -X -P -j {job} -o State",
+        r"COMPLETED|FAILED|CANCELLED|TIMEOUT|OUT_OF_MEMORY|NODE_FAIL",
+        240,
+    )
+    print(f"mpicc + a {COMPUTE_NODES}-node job: {time.monotonic() - started:.1f} s")
+    # Read back on the login pod: the compute pods wrote it into the shared home.
+    out = (await shell.ssh(f"cat ~/{name}.out; rm -f ~/{name} ~/{name}.c ~/{name}.out")).stdout
+    assert state.strip() == "COMPLETED", f"{state}{out}"
+    ranks = sorted(line.split() for line in out.splitlines() if line.startswith("rank "))
+    assert [r[:4] for r in ranks] == [["rank", str(i), "of", "3"] for i in range(3)], out
+    assert sorted(r[5] for r in ranks) == journey.compute
+    assert {r[7] for r in ranks} == {"6"}
+
+
+async def test_4_sacct_shows_a_jobs_gpus(journey: Journey) -> None:
+    shell = journey.shell
+    proc = await shell.ssh(
+        "sbatch --parsable --wait -N1 --gres=gpu:1 -t 1 -o /dev/null --wrap 'true'"
+    )
+    job = proc.stdout.strip().split(";")[0]
+    out = await shell.poll_ssh(
+        f"job {job}'s TRES in sacct",
+        f"sacct -n -X -P -j {job} -o JobID,State,AllocTRES",
+        r"COMPLETED\|.*gres/gpu=1",
+        60,
+    )
+    print(f"sacct: {out.strip()}")
+
+
+def pod_spec(journey: Journey, command: str = "sleep 3600", cpu: str = "1") -> PodSpec:
+    """What Kubernetes users write: sunk's scheduler named, no grace period (30 s)."""
+    return PodSpec(
+        schedulerName="sunk-scheduler",
+        containers=[
+            Container(
+                name="main",
+                image=journey.image,
+                command=["sh", "-c", command],
+                resources=ResourceRequirements(requests={"cpu": cpu}),
+            )
+        ],
+    )
+
+
+def tenant_pod(journey: Journey, name: str) -> Pod:
+    return Pod(metadata=ObjectMeta(name=name, namespace=TENANT_NAMESPACE), spec=pod_spec(journey))
+
+
+async def labelled_pods(kube: AsyncClient, label: str, value: str) -> list[Pod]:
+    return [p async for p in kube.list(Pod, namespace=TENANT_NAMESPACE, labels={label: value})]
+
+
+def scheduled_at(pod: Pod) -> float:
+    for condition in (pod.status.conditions if pod.status else None) or []:
+        if condition.type == "PodScheduled" and condition.status == "True":
+            assert condition.lastTransitionTime is not None
+            return condition.lastTransitionTime.timestamp()
+    raise AssertionError(f"{pod.metadata.name if pod.metadata else pod} not scheduled")
+
+
+async def bound_as_one_job(journey: Journey, label: str, value: str, count: int) -> None:
+    """`count` pods labelled so, each on a node of its own, bound together
+    (within the 1 s of the conditions' timestamps, plus one), one Slurm job
+    of `count` nodes between them."""
+    started = time.monotonic()
+
+    async def all_bound() -> bool:
+        pods = await labelled_pods(journey.kube, label, value)
+        return len(pods) == count and all(p.spec and p.spec.nodeName for p in pods)
+
+    await wait_for(f"{count} pods of {value} bound", all_bound, timeout=180)
+    pods = await labelled_pods(journey.kube, label, value)
+    times = [scheduled_at(p) for p in pods]
+    print(
+        f"{value}: {count} pods bound {time.monotonic() - started:.1f} s after it was made,"
+        f" spread {max(times) - min(times):.0f} s"
+    )
+    assert len({p.spec.nodeName for p in pods if p.spec}) == count
+    assert max(times) - min(times) <= 2
+    jobs = {(p.metadata.annotations or {}).get(JOB_ID, "") for p in pods if p.metadata}
+    assert len(jobs) == 1, jobs
+    (job,) = jobs
+    nodes = await journey.shell.poll_ssh(
+        f"job {job} in squeue", f"squeue -h -j {job} -o %D", r"\d", 30
+    )
+    assert nodes.strip() == str(count)
+
+
+async def test_3_a_jobset_and_a_leaderworkerset_run_as_gangs(journey: Journey) -> None:
+    """Made by the real JobSet and LeaderWorkerSet controllers (built from
+    their Go modules, installed from their own charts beside sunk, as a
+    platform team runs them), each is one Slurm job, all its pods bound
+    together."""
+    images = await asyncio.to_thread(ensure_workload_images, print)
+    values = journey.state / "workloads"
+    await install_controllers(journey.helm, journey.kube, images, values, print)
+    kube = journey.kube
+    job_spec = pod_spec(journey, "sleep 5", "100m")
+    job_spec.restartPolicy = "Never"
+
+    def replicated(name: str, replicas: int, parallelism: int) -> dict[str, Any]:
+        job = {"parallelism": parallelism, "completions": parallelism, "backoffLimit": 0}
+        return {
+            "name": name,
+            "replicas": replicas,
+            "template": {"spec": {**job, "template": {"spec": job_spec.to_dict()}}},
+        }
+
+    train = JobSet(
+        metadata=ObjectMeta(name="train", namespace=TENANT_NAMESPACE),
+        spec={"replicatedJobs": [replicated("driver", 1, 1), replicated("workers", 1, 2)]},
+    )
+    serve_spec = pod_spec(journey, "sleep 3600", "100m")
+    serve = LeaderWorkerSet(
+        metadata=ObjectMeta(name="serve", namespace=TENANT_NAMESPACE),
+        spec={
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": COMPUTE_NODES,
+                "workerTemplate": {"spec": serve_spec.to_dict()},
+            },
+        },
+    )
+    try:
+        await kube.create(train)
+        await bound_as_one_job(journey, JOBSET_NAME, "train", COMPUTE_NODES)
+
+        async def completed() -> bool:
+            got = await kube.get(JobSet, "train", namespace=TENANT_NAMESPACE)
+            conditions = (got.status or {}).get("conditions") or []
+            return any(c["type"] == "Completed" and c["status"] == "True" for c in conditions)
+
+        await wait_for("the JobSet Completed", completed, 180)
+        await kube.create(serve)
+        await bound_as_one_job(journey, LWS_NAME, "serve", COMPUTE_NODES)
+    finally:
+        for kind, name in ((JobSet, "train"), (LeaderWorkerSet, "serve")):
+            with contextlib.suppress(ApiError):
+                await kube.delete(kind, name, namespace=TENANT_NAMESPACE)
+
+
+async def bound_job(kube: AsyncClient, name: str, within: float) -> str:
+    """The Slurm job of pod `name`, once the scheduler bound it."""
+    found: dict[str, str] = {}
+
+    async def bound() -> bool:
+        pod = await kube.get(Pod, name, namespace=TENANT_NAMESPACE)
+        if pod.spec and pod.spec.nodeName and pod.metadata and pod.metadata.annotations:
+            found["job"] = pod.metadata.annotations.get(JOB_ID, "")
+        return bool(found.get("job"))
+
+    await wait_for(f"pod {name} bound through Slurm", bound, timeout=within)
+    return found["job"]
+
+
+async def test_6_a_default_pod_is_placed_and_a_gated_one_waits_for_its_gate(
+    journey: Journey,
+) -> None:
+    kube = journey.kube
+    try:
+        started = time.monotonic()
+        await kube.create(tenant_pod(journey, "default-grace"))
+        job = await bound_job(kube, "default-grace", within=120)
+        print(f"a default pod bound through Slurm job {job} in {time.monotonic() - started:.1f} s")
+
+        since = (await journey.shell.ssh("date +%Y-%m-%dT%H:%M:%S")).stdout.strip()
+        gated = tenant_pod(journey, "gated")
+        assert gated.spec is not None
+        gated.spec.schedulingGates = [PodSchedulingGate(name="kueue.x-k8s.io/admission")]
+        await kube.create(gated)
+        await asyncio.sleep(15)
+        listed = (await journey.shell.ssh(f"sacct -n -X -a -P -S {since} -o JobID,JobName")).stdout
+        # The scheduler names a pod's job <namespace>/<pod>.
+        assert not [row for row in listed.splitlines() if row.endswith("/gated")], listed
+        held = await kube.get(Pod, "gated", namespace=TENANT_NAMESPACE)
+        assert held.spec is not None
+        assert held.spec.nodeName is None
+        ungated = time.monotonic()
+        await kube.patch(
+            Pod,
+            "gated",
+            [{"op": "remove", "path": "/spec/schedulingGates"}],
+            namespace=TENANT_NAMESPACE,
+            patch_type=PatchType.JSON,
+        )
+        await bound_job(kube, "gated", within=60)
+        print(f"gate removed -> placed: {time.monotonic() - ungated:.1f} s")
+    finally:
+        for name in ("default-grace", "gated"):
+            with contextlib.suppress(ApiError):
+                await kube.delete(Pod, name, namespace=TENANT_NAMESPACE, grace_period=0)
