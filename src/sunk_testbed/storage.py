@@ -186,6 +186,10 @@ def seaweedfs_manifests(image: Image, data_dir: Path) -> list[dict[str, Any]]:
     }
     pod = {
         "terminationGracePeriodSeconds": 10,
+        # Storage stays put whatever taints a node: on the bed every node is a
+        # Slurm node, and sunk's node lock (NoExecute) would evict it, and
+        # with it every home (a cluster runs its storage on nodes of its own).
+        "tolerations": [{"operator": "Exists"}],
         "containers": [container],
         "volumes": [
             {"name": "data", "hostPath": {"path": str(data_dir), "type": "DirectoryOrCreate"}},
@@ -256,6 +260,7 @@ def csi_manifests(images: StorageImages, nodes_dir: Path) -> list[dict[str, Any]
     controller = {
         "serviceAccountName": CONTROLLER_ACCOUNT,
         "terminationGracePeriodSeconds": 5,
+        "tolerations": [{"operator": "Exists"}],  # as SeaweedFS's
         "containers": [
             {
                 "name": "csi-provisioner",

@@ -69,3 +69,13 @@ def test_the_class_hands_the_driver_its_login_at_each_step() -> None:
     assert secrets["csi-s3-secret"]["accessKeyID"] == "AK"
     identities = json.loads(secrets["seaweedfs-s3-config"]["s3.json"])["identities"]
     assert identities[0]["credentials"] == [{"accessKey": "AK", "secretKey": "SK"}]
+
+
+def test_every_storage_pod_tolerates_every_taint() -> None:
+    """On the bed every node is a Slurm node: sunk's node lock (NoExecute)
+    must not evict SeaweedFS or the driver, or every home goes with them."""
+    workloads = [m for m in built() if m["kind"] in ("Deployment", "DaemonSet")]
+    assert len(workloads) == 3
+    for workload in workloads:
+        tolerations = workload["spec"]["template"]["spec"]["tolerations"]
+        assert {"operator": "Exists"} in tolerations, workload["metadata"]["name"]
