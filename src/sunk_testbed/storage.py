@@ -461,6 +461,7 @@ async def storage_ready(kube: Any, names: Sequence[str]) -> bool:
     """SeaweedFS and the controller have a ready pod; the node plugin is ready
     on every node it is scheduled to, and each of `names`' kubelets lists the
     driver in its CSINode (what the registrar's registration makes)."""
+    import msgspec
     from lightkube import ApiError
     from lightkube.resources.apps_v1 import DaemonSet, Deployment
     from lightkube.resources.storage_v1 import CSINode
@@ -480,7 +481,9 @@ async def storage_ready(kube: Any, names: Sequence[str]) -> bool:
     for name in names:
         try:
             csi_node = await kube.get(CSINode, name)
-        except ApiError:
+        except (ApiError, msgspec.ValidationError):
+            # Not made yet, or made by kubelet before any driver registered
+            # (`spec.drivers: null`, which the model refuses).
             return False
         if DRIVER not in {d.name for d in (csi_node.spec.drivers or [])}:
             return False
