@@ -16,6 +16,8 @@ through an S3 CSI driver (docs/testbed.md).
 
 The journey's steps shown here: 1 (a directory user builds with `mpicc` and
 runs a 3-node job from `$HOME`, its output read back on the login pod),
+2 (a Deployment of inference pods scaled from 0 preempts the training job,
+which is requeued, and resumes and completes once it is scaled to 0),
 3 (a JobSet and a LeaderWorkerSet, made by their real controllers, each one
 Slurm job with all its pods bound together), 4 (`sacct` shows the job's GPU
 TRES), 6 (a pod with Kubernetes' default grace period is placed; a gated pod
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -37,13 +40,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from lightkube import ApiError, AsyncClient
+from lightkube.models.apps_v1 import DeploymentSpec
 from lightkube.models.core_v1 import (
     Container,
     PodSchedulingGate,
     PodSpec,
+    PodTemplateSpec,
     ResourceRequirements,
 )
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
@@ -53,7 +59,7 @@ from plugins.mpi import HELLO
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import node_states, wait_for
 from sunk.api import RESOURCE_NODE_GPUS
-from sunk.scheduler.request import JOBSET_NAME, LWS_NAME
+from sunk.scheduler.request import ANNOTATION_QOS, JOBSET_NAME, LWS_NAME
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.helm import Helm, ensure_helm
@@ -75,6 +81,8 @@ GPUS = 2
 USER = "researcher"
 UID = 2000
 TENANT_NAMESPACE = "inference"
+SERVING = "serving"  # the account the inference namespace's pods run in
+GRACE = 30  # the chart's QOS GraceTime
 JOB_ID = "sunk.dev/slurm-job-id"
 
 # Every value the module sets, and why a platform team sets it too.
@@ -93,12 +101,15 @@ OVERRIDES = {
         "directory, seeded with the team's first user and key",
         "gresConfig": "the GPUs' device files: the stand-in GPUs have no driver for "
         "AutoDetect=nvidia to ask",
+        "accounting.accounts": "who may preempt: the serving team's account, granted "
+        "the chart's inference QOS (the cluster's QOS list is normal alone)",
     },
     "sunk-cluster": {
         "image": "the cluster's registry",
         "componentPolicies.slurmdPods.images": "the slurm image's repository in "
         "that registry (the default names ghcr.io's)",
-        "scheduler.tenants": "which namespaces the scheduler serves, as whom",
+        "scheduler.tenants": "which namespaces the scheduler serves, as whom (the "
+        "serving account, QOS inference)",
         "gpuPlugin.enabled, deviceDir, kubeletRootDir": "GPU nodes run sunk's GPU "
         "plugin; the bed's stand-in device files and per-node kubelet roots",
     },
@@ -120,7 +131,17 @@ def slurm_values(nodes: RealNodes, homes_class: str, public_key: str) -> dict[st
         },
         "homes": {"storageClassName": homes_class},
         "controller": {"persistence": local},
-        "accounting": {"mariadb": {"persistence": local}},
+        "accounting": {
+            "mariadb": {"persistence": local},
+            "accounts": {
+                SERVING: {
+                    "description": "the inference service",
+                    "qos": ["normal", "inference"],
+                    "defaultQos": "normal",
+                    "users": [USER],
+                }
+            },
+        },
         "nodesets": [
             {"name": "compute", "nodeSelector": {charts.NODE_POOL_LABEL: charts.COMPUTE_POOL}}
         ],
@@ -149,10 +170,18 @@ def cluster_values(nodes: RealNodes, gpus: Path) -> dict[str, Any]:
     return {
         "image": {"repository": _repository(sunk), "tag": sunk.tag},
         "componentPolicies": {"slurmdPods": {"images": [_repository(daemons)]}},
-        # The team's inference namespace runs as the researcher, in its own
-        # account (the directory group's), with the cluster's QOS.
+        # The team's inference namespace runs as the researcher, in the
+        # serving account, and its pods may ask for QOS inference.
         "scheduler": {
-            "tenants": [{"namespaces": [TENANT_NAMESPACE], "uids": str(UID), "user": UID}]
+            "tenants": [
+                {
+                    "namespaces": [TENANT_NAMESPACE],
+                    "uids": str(UID),
+                    "user": UID,
+                    "accounts": [SERVING],
+                    "qos": ["normal", "inference"],
+                }
+            ]
         },
         "gpuPlugin": {
             "enabled": True,
@@ -344,6 +373,105 @@ async def bound_as_one_job(journey: Journey, label: str, value: str, count: int)
         f"job {job} in squeue", f"squeue -h -j {job} -o %D", r"\d", 30
     )
     assert nodes.strip() == str(count)
+
+
+def ready_after(pod: Pod) -> float:
+    """Seconds from the pod's creation to its Ready condition (whole seconds)."""
+    assert pod.metadata is not None
+    assert pod.metadata.creationTimestamp is not None
+    for condition in (pod.status.conditions if pod.status else None) or []:
+        if condition.type == "Ready" and condition.status == "True":
+            assert condition.lastTransitionTime is not None
+            return (condition.lastTransitionTime - pod.metadata.creationTimestamp).total_seconds()
+    raise AssertionError(f"{pod.metadata.name} not Ready")
+
+
+async def test_2_inference_pods_preempt_training_which_resumes_when_they_scale_to_zero(
+    journey: Journey,
+) -> None:
+    """The seeds' headline on the defaults: QOS preemption (PreemptType
+    preempt/qos, PreemptMode REQUEUE, inference preempts normal, GraceTime
+    30 s). The training job is an ordinary `sbatch --requeue` in the user's
+    own account; the inference service a Deployment whose pods ask for QOS
+    inference. A requeued job waits Slurm's requeue_delay (120 s, the
+    credential lifetime) before it runs again."""
+    shell, kube = journey.shell, journey.kube
+    train = (
+        await shell.ssh(
+            f"sbatch --parsable --requeue -A {USER} -N{COMPUTE_NODES} --exclusive -t 5"
+            " -o /dev/null --wrap 'sleep 20'"
+        )
+    ).stdout.strip()
+    await shell.poll_ssh(
+        f"training job {train} running", f"squeue -h -j {train} -o %T", "RUNNING", 120
+    )
+    spec = pod_spec(journey, cpu="100m")
+    labels = {"app": "inference"}
+    template = PodTemplateSpec(
+        metadata=ObjectMeta(labels=labels, annotations={ANNOTATION_QOS: "inference"}), spec=spec
+    )
+    service = Deployment(
+        metadata=ObjectMeta(name="inference", namespace=TENANT_NAMESPACE),
+        spec=DeploymentSpec(
+            replicas=0, selector=LabelSelector(matchLabels=labels), template=template
+        ),
+    )
+    try:
+        await kube.create(service)
+        started = time.monotonic()
+        await kube.patch(
+            Deployment,
+            "inference",
+            {"spec": {"replicas": COMPUTE_NODES}},
+            namespace=TENANT_NAMESPACE,
+        )
+        await shell.poll_ssh(
+            f"training job {train} preempted",
+            f"squeue -h -j {train} -o %T",
+            r"^(PENDING|REQUEUED|REQUEUE_HOLD|PREEMPTED|COMPLETING)",
+            GRACE + 15,
+        )
+        print(
+            f"scaled 0 -> {COMPUTE_NODES}: training preempted in {time.monotonic() - started:.1f} s"
+        )
+
+        async def ready() -> list[Pod]:
+            pods = await labelled_pods(kube, "app", "inference")
+            ok = [p for p in pods if p.status and p.status.phase == "Running"]
+            return ok if len(ok) == COMPUTE_NODES and all(map(_is_ready, ok)) else []
+
+        pods = await charts.wait_until("the inference pods Ready", ready, 120, interval=0.5)
+        waits = sorted(ready_after(p) for p in pods)
+        print(
+            f"inference pods create -> Ready: p50 {statistics.median(waits):.0f} s,"
+            f" p99 {waits[-1]:.0f} s (n={len(waits)}, whole seconds)"
+        )
+        shown = (await shell.ssh(f"scontrol -o show job {train}")).stdout
+        assert "Restarts=0 " not in shown, shown  # requeued, not cancelled
+        qos = (await shell.ssh(f"squeue -h -t R -A {SERVING} -o %q")).stdout.split()
+        assert qos == ["inference"] * COMPUTE_NODES, qos
+
+        await kube.patch(
+            Deployment, "inference", {"spec": {"replicas": 0}}, namespace=TENANT_NAMESPACE
+        )
+        scaled_down = time.monotonic()
+        await shell.poll_ssh(
+            f"training job {train} completed",
+            f"sacct -n -X -P -j {train} -o State",
+            "^COMPLETED",
+            300,
+        )
+        took = time.monotonic() - scaled_down
+        print(f"scaled to 0 -> training resumed and completed: {took:.1f} s")
+    finally:
+        with contextlib.suppress(ApiError):
+            await kube.delete(Deployment, "inference", namespace=TENANT_NAMESPACE)
+        await shell.ssh(f"scancel {train}", check=False)
+
+
+def _is_ready(pod: Pod) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 async def test_3_a_jobset_and_a_leaderworkerset_run_as_gangs(journey: Journey) -> None:
