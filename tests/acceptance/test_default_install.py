@@ -63,7 +63,6 @@ from sunk.scheduler.request import ANNOTATION_QOS, JOBSET_NAME, LWS_NAME
 from sunk_testbed import charts
 from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.helm import Helm, ensure_helm
-from sunk_testbed.images import Image
 from sunk_testbed.workloads import (
     JobSet,
     LeaderWorkerSet,
@@ -116,17 +115,13 @@ OVERRIDES = {
 }
 
 
-def _repository(image: Image) -> str:
-    return image.ref.rsplit(":", 1)[0]
-
-
 def slurm_values(nodes: RealNodes, homes_class: str, public_key: str) -> dict[str, Any]:
     daemons, login = nodes.images.slurm_pair(charts.DEFAULT_SLURM)
     local = {"storageClassName": charts.STORAGE_CLASS}
     return {
-        "image": {"repository": _repository(daemons), "tag": daemons.tag},
+        "image": {"repository": charts.image_repository(daemons.ref), "tag": daemons.tag},
         "login": {
-            "image": {"repository": _repository(login), "tag": login.tag},
+            "image": {"repository": charts.image_repository(login.ref), "tag": login.tag},
             "authorizedKeys": {USER: public_key},
         },
         "homes": {"storageClassName": homes_class},
@@ -153,7 +148,7 @@ def slurm_values(nodes: RealNodes, homes_class: str, public_key: str) -> dict[st
                 "server": {
                     "enabled": True,
                     "image": {
-                        "repository": _repository(nodes.images.ldap),
+                        "repository": charts.image_repository(nodes.images.ldap.ref),
                         "tag": nodes.images.ldap.tag,
                     },
                     "persistence": local,
@@ -168,8 +163,8 @@ def cluster_values(nodes: RealNodes, gpus: Path) -> dict[str, Any]:
     daemons, _ = nodes.images.slurm_pair(charts.DEFAULT_SLURM)
     sunk = nodes.images.sunk
     return {
-        "image": {"repository": _repository(sunk), "tag": sunk.tag},
-        "componentPolicies": {"slurmdPods": {"images": [_repository(daemons)]}},
+        "image": {"repository": charts.image_repository(sunk.ref), "tag": sunk.tag},
+        "componentPolicies": {"slurmdPods": {"images": [charts.image_repository(daemons.ref)]}},
         # The team's inference namespace runs as the researcher, in the
         # serving account, and its pods may ask for QOS inference.
         "scheduler": {
