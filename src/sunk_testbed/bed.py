@@ -214,11 +214,15 @@ class Bed:
             images=prepared.images,
             registry=node_bed.registry.address,
             private_registry=private,
+            # A topology/tree on the zones, as a site describes its network, so
+            # --switches and a Topology=block partition keep a job in a zone.
             topology_levels=[charts.ZONE_LABEL],
             identity=IDENTITY,
             gpus=GPUS,
         )
-        # The operator may make exactly these NodeSets' pods (componentPolicies).
+        # The operator may make exactly these NodeSets' pods (componentPolicies):
+        # the chart's default list lacks what the bed's values add (its image
+        # repositories, the private registry's Secret), as a site lists its own.
         slurmd_pods = await asyncio.to_thread(
             charts.render_slurmd_pod_allowance,
             helm,
@@ -248,6 +252,8 @@ class Bed:
                         "qos": list(charts.RESEARCH_QOS),
                     }
                 ],
+                # On, as on GPU nodes: the stand-in devices (no GPU here), and
+                # each kubelet's own root directory (they share one host).
                 gpu_plugin={
                     "deviceDir": str(charts.stand_in_gpus(self.state_dir / "gpus", GPUS)),
                     "kubeletRootDir": f"{node_bed.group.dir}/{{node}}/kubelet",

@@ -89,7 +89,9 @@ def slurm_values(
     hands the slurmd pods (`stand_in_gpus`): gres.conf names them."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
     # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
-    # node. The bed has no mailer.
+    # node. The bed has no mailer. config_overrides: Slurm takes the NodeSet's
+    # declared CPUs and memory (below), whatever slurmd finds on the one host
+    # all the bed's nodes share; a small host's nodes are not drained for less.
     settings: dict[str, str | int] = {
         "MailProg": SANDBOX_SETTINGS["MailProg"],
         "SlurmdParameters": SANDBOX_SETTINGS["SlurmdParameters"],
@@ -118,7 +120,11 @@ def slurm_values(
         "nodesets": [
             {
                 "name": nodeset,
+                # The compute pool alone: the chart e2e's bed keeps two nodes
+                # for the controllers.
                 "nodeSelector": {NODE_POOL_LABEL: COMPUTE_POOL},
+                # Not the chart's default (the node's allocatable): every bed
+                # node reports the whole shared host, so each gets a share.
                 "resources": {"cpus": 2, "realMemoryMiB": 1000},
                 "nodeName": "{nodeset}-{node}",
             }

@@ -146,10 +146,12 @@ async def bed(
         {"name": "markers", "hostPath": {"path": str(markers), "type": "Directory"}}
     ]
     values["nodesets"][0]["volumeMounts"] = [{"name": "markers", "mountPath": MARKERS}]
-    # Job scripts run by run-parts on the compute pods, as root.
+    # Job scripts run by run-parts on the compute pods, as root (a site's
+    # per-job set-up and clean-up): these record each job.
     values["prolog"] = {"10-record": f"#!/bin/sh\necho prolog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
     values["epilog"] = {"90-record": f"#!/bin/sh\necho epilog $SLURM_JOB_ID >> {JOBSCRIPTS_LOG}\n"}
-    # A health check that fails on a node while a marker names it.
+    # A health check that fails on a node while a marker names it, run every
+    # 2 s, not the chart's 300: the test sees the drain and resume in seconds.
     values["healthCheck"] = {
         "interval": 2,
         "scripts": {"05-admin": ADMIN_BY_MARKER, "10-marker": HEALTH_CHECK},

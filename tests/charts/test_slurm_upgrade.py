@@ -105,6 +105,8 @@ async def cluster(
     cluster_values = charts.cluster_values(
         RELEASE, made.images.sunk, namespace=namespace, slurmd_pods=slurmd_pods
     )
+    # The operator alone runs the NodeSet through the upgrade; the syncer and
+    # the scheduler have e2e modules of their own.
     cluster_values["syncer"]["replicas"] = cluster_values["scheduler"]["replicas"] = 0
     try:
         for name in names:

@@ -41,6 +41,8 @@ START_SECONDS: list[float] = []
 @pytest.fixture(scope="module")
 def side(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     state = Path(tempfile.mkdtemp(prefix="sunk-tb2-", dir="/tmp"))
+    # MinJobAge=7, not the bed's 30: any setting of its own shows extra_conf
+    # reaching slurmctld (the test bed's Slurm itself, no chart).
     cluster = SlurmCluster(
         state, Supervisor(state), slurm_cluster.rootfs, nodes=1, extra_conf=["MinJobAge=7"]
     )

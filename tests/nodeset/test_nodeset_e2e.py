@@ -7,6 +7,11 @@ host address, a `compute` partition over the NodeSet `compute`), and the
 NodeSet controller in-process with `SlurmPortForNodeSets` over a real
 `SlurmClient` + `SlurmView`. The tests run in order and share the
 NodeSet `compute`: created in the first, updated by the later ones.
+
+Why its own Slurm rather than the charts: the controller runs in-process, so
+a test can kill it mid-update and start it again, against a Slurm it can
+inspect; the NodeSet and partition lines are those the slurm chart writes for
+a NodeSet (charts/slurm/templates/_config.tpl).
 """
 
 from __future__ import annotations

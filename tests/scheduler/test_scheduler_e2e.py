@@ -69,6 +69,9 @@ from sunk_testbed.slurm_cluster import PLAIN_UID, PLAIN_USER, SlurmCommandError
 
 pytestmark = pytest.mark.e2e
 
+# KillWait and the low partition's GraceTime: shorter than the chart's 35 s
+# (Kubernetes' default 30 s grace and a margin), as this module's pods ask for
+# a few seconds; a test waits at most this long for a preempted pod's eviction.
 KILL_WAIT = 10
 # The in-process scheduler's own Slurm user has no Slurm privilege (an
 # ordinary system user every Debian root filesystem has): it reads jobs and

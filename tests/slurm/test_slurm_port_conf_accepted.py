@@ -50,6 +50,10 @@ def node_conf() -> dict[str, str]:
 
 
 def extra_conf(suite: str) -> list[str]:
+    """What gres.conf and the topology files need, and a GPU partition over the
+    nodes with GRES, as sites make one: above the default by PriorityTier,
+    preempting it by partition priority (this bed has no slurmdbd for the
+    chart's QOS preemption), and on 26.05 the partition that picks `blocks`."""
     # 26.05 reads topology.yaml without a TopologyPlugin; its partition picks a topology.
     topology = ["TopologyPlugin=topology/tree"] if suite == "trixie" else []
     gpu_partition_topology = " Topology=blocks" if suite == "sid" else ""

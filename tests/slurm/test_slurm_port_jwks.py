@@ -89,7 +89,8 @@ def bed(
         Supervisor(state),
         rootfs,
         nodes=1,
-        # Slurm takes the last AuthAltParameters: the bed's key, and the JWKS.
+        # Slurm takes the last AuthAltParameters: the bed's key, and the JWKS,
+        # as the chart's slurm.conf names them.
         extra_conf=["AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key,jwks=/etc/slurm/jwks.json"],
         etc_files={"jwks.json": jwks_text(keys, first)},
     )

@@ -1,5 +1,12 @@
 """The syncer end to end: real nodes (kubelet + containerd) that run slurmd pods
-from the slurm image, a real Slurm, the real apiserver."""
+from the slurm image, a real Slurm, the real apiserver.
+
+Why the test bed's own Slurm rather than the charts: the tests stop and
+restart slurmctld and slurmrestd, freeze a slurmd, and run the syncer
+in-process, started and cancelled at will. That Slurm's SlurmdTimeout (30 s,
+the chart's is 300) lets a frozen slurmd show NOT_RESPONDING within the
+test's 90 s.
+"""
 
 from __future__ import annotations
 
