@@ -14,20 +14,30 @@ device files shaped like NVIDIA's (`charts.stand_in_gpus`, no driver, so
 gres.conf names them), and the ReadWriteMany class is the bed's SeaweedFS
 through an S3 CSI driver (docs/testbed.md).
 
-The journey's steps shown here: 1 (a directory user builds with `mpicc` and
-runs a 3-node job from `$HOME`, its output read back on the login pod),
-2 (a Deployment of inference pods scaled from 0 preempts the training job,
-which is requeued, and resumes and completes once it is scaled to 0),
+The journey's steps, in the order they run: 1 (a directory user builds with
+`mpicc` and runs a 3-node job from `$HOME`, its output read back on the
+login pod), 4 (`sacct` shows a job's GPU TRES; `sshare` the usage charged to
+the job's account), 2 (a Deployment of inference pods scaled from 0
+preempts the training job, which is requeued, and resumes and completes once
+it is scaled to 0; `sshare` shows the usage charged to each one's account),
 3 (a JobSet and a LeaderWorkerSet, made by their real controllers, each one
-Slurm job with all its pods bound together), 4 (`sacct` shows the job's GPU
-TRES), 6 (a pod with Kubernetes' default grace period is placed; a gated pod
-gets no Slurm job until ungated).
+Slurm job with all its pods bound together; one too wide for the nodes binds
+none), 5 (a NodeSet update scheduled into a maintenance window waits for it
+and keeps long jobs off, as `sunk-operator`), 6 (a pod with Kubernetes'
+default grace period is placed; a gated pod gets no Slurm job until
+ungated), 7 (each sunk component with no pod left fires its down alert on a
+real Prometheus, and it ends once they are back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import copy
+import datetime
+import functools
+import json
 import secrets
 import statistics
 import tempfile
@@ -50,13 +60,20 @@ from lightkube.models.core_v1 import (
 )
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from plugins.chart_releases import CLUSTER_RELEASE, remove_both
 from plugins.login_shell import LoginShell
 from plugins.mpi import HELLO
-from plugins.nodes import RealNodes
+from plugins.nodes import RealNodes, kubectl_at
+from plugins.placed import bound_job, bound_together, labelled_pods, none_bound
+from plugins.prometheus import (
+    Kubectl,
+    each_component_down_fires_its_alert,
+    remove_prometheus,
+    start_prometheus,
+)
 from plugins.slurm_pods import node_states, wait_for
 from sunk.api import RESOURCE_NODE_GPUS
 from sunk.scheduler.request import ANNOTATION_QOS, JOBSET_NAME, LWS_NAME
@@ -82,7 +99,7 @@ UID = 2000
 TENANT_NAMESPACE = "inference"
 SERVING = "serving"  # the account the inference namespace's pods run in
 GRACE = 30  # the chart's QOS GraceTime
-JOB_ID = "sunk.dev/slurm-job-id"
+NODESET = "compute"  # the chart's first NodeSet
 
 # Every value the module sets, and why a platform team sets it too.
 OVERRIDES = {
@@ -138,7 +155,7 @@ def slurm_values(nodes: RealNodes, homes_class: str, public_key: str) -> dict[st
             },
         },
         "nodesets": [
-            {"name": "compute", "nodeSelector": {charts.NODE_POOL_LABEL: charts.COMPUTE_POOL}}
+            {"name": NODESET, "nodeSelector": {charts.NODE_POOL_LABEL: charts.COMPUTE_POOL}}
         ],
         "identity": {
             "provider": "ldap",
@@ -190,9 +207,13 @@ def cluster_values(nodes: RealNodes, gpus: Path) -> dict[str, Any]:
 class Journey:
     shell: LoginShell
     kube: AsyncClient
+    kubectl: Kubectl  # the admin's, for what lightkube has no model of (NodeSets)
     helm: Helm
+    namespace: str  # both releases'
+    values: dict[str, Any]  # the slurm release's
     state: Path
     image: str  # what the tenant's pods run (the slurm image the nodes hold)
+    prometheus_image: str
     compute: list[str]  # the Slurm nodes
 
 
@@ -256,7 +277,18 @@ async def journey(
         took = time.monotonic() - started
         print(f"both charts installed and a job on every node in {took:.1f} s")
         daemons, _ = kubelet_nodes.images.slurm_pair(charts.DEFAULT_SLURM)
-        yield Journey(shell, kube, helm, state, daemons.ref, compute)
+        yield Journey(
+            shell=shell,
+            kube=kube,
+            kubectl=functools.partial(kubectl_at, kube_access.admin_kubeconfig),
+            helm=helm,
+            namespace=namespace,
+            values=values,
+            state=state,
+            image=daemons.ref,
+            prometheus_image=kubelet_nodes.images.prometheus.ref,
+            compute=compute,
+        )
     finally:
         with contextlib.suppress(ApiError):
             await kube.delete(Namespace, TENANT_NAMESPACE)
@@ -309,6 +341,29 @@ async def test_4_sacct_shows_a_jobs_gpus(journey: Journey) -> None:
         60,
     )
     print(f"sacct: {out.strip()}")
+    # Slurm charges an ended job's usage to its association at once. (The
+    # job ran in the researcher's default account: the first the chart made
+    # an association in.)
+    account = (await shell.ssh(f"sacct -n -X -P -j {job} -o Account")).stdout.strip()
+    await charged(journey, account)
+
+
+async def raw_usage(journey: Journey) -> dict[str, int]:
+    """The researcher's RawUsage in each of their accounts, as sshare shows it."""
+    out = (await journey.shell.ssh(f"sshare -n -P -u {USER} -o Account,User,RawUsage")).stdout
+    rows = [line.split("|") for line in out.splitlines()]
+    return {r[0].strip(): int(r[2]) for r in rows if len(r) == 3 and r[1] == USER}
+
+
+async def charged(journey: Journey, account: str) -> None:
+    """Wait until sshare shows usage charged to the researcher in `account`."""
+
+    async def used() -> int:
+        return (await raw_usage(journey)).get(account, 0)
+
+    await wait_for(f"usage charged to {account}", used, 60, interval=2)
+    shown = (await journey.shell.ssh(f"sshare -u {USER} -o Account,User,RawUsage")).stdout
+    print(f"sshare:\n{shown}")
 
 
 def pod_spec(journey: Journey, command: str = "sleep 3600", cpu: str = "1") -> PodSpec:
@@ -328,46 +383,6 @@ def pod_spec(journey: Journey, command: str = "sleep 3600", cpu: str = "1") -> P
 
 def tenant_pod(journey: Journey, name: str) -> Pod:
     return Pod(metadata=ObjectMeta(name=name, namespace=TENANT_NAMESPACE), spec=pod_spec(journey))
-
-
-async def labelled_pods(kube: AsyncClient, label: str, value: str) -> list[Pod]:
-    return [p async for p in kube.list(Pod, namespace=TENANT_NAMESPACE, labels={label: value})]
-
-
-def scheduled_at(pod: Pod) -> float:
-    for condition in (pod.status.conditions if pod.status else None) or []:
-        if condition.type == "PodScheduled" and condition.status == "True":
-            assert condition.lastTransitionTime is not None
-            return condition.lastTransitionTime.timestamp()
-    raise AssertionError(f"{pod.metadata.name if pod.metadata else pod} not scheduled")
-
-
-async def bound_as_one_job(journey: Journey, label: str, value: str, count: int) -> None:
-    """`count` pods labelled so, each on a node of its own, bound together
-    (within the 1 s of the conditions' timestamps, plus one), one Slurm job
-    of `count` nodes between them."""
-    started = time.monotonic()
-
-    async def all_bound() -> bool:
-        pods = await labelled_pods(journey.kube, label, value)
-        return len(pods) == count and all(p.spec and p.spec.nodeName for p in pods)
-
-    await wait_for(f"{count} pods of {value} bound", all_bound, timeout=180)
-    pods = await labelled_pods(journey.kube, label, value)
-    times = [scheduled_at(p) for p in pods]
-    print(
-        f"{value}: {count} pods bound {time.monotonic() - started:.1f} s after it was made,"
-        f" spread {max(times) - min(times):.0f} s"
-    )
-    assert len({p.spec.nodeName for p in pods if p.spec}) == count
-    assert max(times) - min(times) <= 2
-    jobs = {(p.metadata.annotations or {}).get(JOB_ID, "") for p in pods if p.metadata}
-    assert len(jobs) == 1, jobs
-    (job,) = jobs
-    nodes = await journey.shell.poll_ssh(
-        f"job {job} in squeue", f"squeue -h -j {job} -o %D", r"\d", 30
-    )
-    assert nodes.strip() == str(count)
 
 
 def ready_after(pod: Pod) -> float:
@@ -431,7 +446,7 @@ async def test_2_inference_pods_preempt_training_which_resumes_when_they_scale_t
         )
 
         async def ready() -> list[Pod]:
-            pods = await labelled_pods(kube, "app", "inference")
+            pods = await labelled_pods(kube, TENANT_NAMESPACE, "app", "inference")
             ok = [p for p in pods if p.status and p.status.phase == "Running"]
             return ok if len(ok) == COMPUTE_NODES and all(map(_is_ready, ok)) else []
 
@@ -458,6 +473,8 @@ async def test_2_inference_pods_preempt_training_which_resumes_when_they_scale_t
         )
         took = time.monotonic() - scaled_down
         print(f"scaled to 0 -> training resumed and completed: {took:.1f} s")
+        await charged(journey, SERVING)  # the inference pods' jobs
+        await charged(journey, USER)  # the training job's
     finally:
         with contextlib.suppress(ApiError):
             await kube.delete(Deployment, "inference", namespace=TENANT_NAMESPACE)
@@ -469,11 +486,22 @@ def _is_ready(pod: Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
+async def bound_as_one_job(journey: Journey, label: str, value: str) -> None:
+    """The pods labelled so, one on each compute node, bound together through
+    one Slurm job that holds every compute node."""
+    job = await bound_together(journey.kube, TENANT_NAMESPACE, label, value, COMPUTE_NODES)
+    nodes = await journey.shell.poll_ssh(
+        f"job {job} in squeue", f"squeue -h -j {job} -o %D", r"\d", 30
+    )
+    assert nodes.strip() == str(COMPUTE_NODES)
+
+
 async def test_3_a_jobset_and_a_leaderworkerset_run_as_gangs(journey: Journey) -> None:
     """Made by the real JobSet and LeaderWorkerSet controllers (built from
     their Go modules, installed from their own charts beside sunk, as a
     platform team runs them), each is one Slurm job, all its pods bound
-    together."""
+    together; a JobSet wider than the nodes (a driver and two Jobs of two
+    workers: five pods on three nodes) binds none of its pods."""
     images = await asyncio.to_thread(ensure_workload_images, print)
     values = journey.state / "workloads"
     await install_controllers(journey.helm, journey.kube, images, values, print)
@@ -489,10 +517,13 @@ async def test_3_a_jobset_and_a_leaderworkerset_run_as_gangs(journey: Journey) -
             "template": {"spec": {**job, "template": {"spec": job_spec.to_dict()}}},
         }
 
-    train = JobSet(
-        metadata=ObjectMeta(name="train", namespace=TENANT_NAMESPACE),
-        spec={"replicatedJobs": [replicated("driver", 1, 1), replicated("workers", 1, 2)]},
-    )
+    def jobset(name: str, worker_jobs: int) -> JobSet:
+        replicated_jobs = [replicated("driver", 1, 1), replicated("workers", worker_jobs, 2)]
+        return JobSet(
+            metadata=ObjectMeta(name=name, namespace=TENANT_NAMESPACE),
+            spec={"replicatedJobs": replicated_jobs},
+        )
+
     serve_spec = pod_spec(journey, "sleep 3600", "100m")
     serve = LeaderWorkerSet(
         metadata=ObjectMeta(name="serve", namespace=TENANT_NAMESPACE),
@@ -505,8 +536,12 @@ async def test_3_a_jobset_and_a_leaderworkerset_run_as_gangs(journey: Journey) -
         },
     )
     try:
-        await kube.create(train)
-        await bound_as_one_job(journey, JOBSET_NAME, "train", COMPUTE_NODES)
+        await kube.create(jobset("wide", 2))
+        told = await none_bound(kube, TENANT_NAMESPACE, JOBSET_NAME, "wide", 5, "Slurm")
+        print(f"a JobSet of 5 pods on {COMPUTE_NODES} nodes: {told}")
+        await kube.delete(JobSet, "wide", namespace=TENANT_NAMESPACE)
+        await kube.create(jobset("train", 1))
+        await bound_as_one_job(journey, JOBSET_NAME, "train")
 
         async def completed() -> bool:
             got = await kube.get(JobSet, "train", namespace=TENANT_NAMESPACE)
@@ -515,25 +550,145 @@ async def test_3_a_jobset_and_a_leaderworkerset_run_as_gangs(journey: Journey) -
 
         await wait_for("the JobSet Completed", completed, 180)
         await kube.create(serve)
-        await bound_as_one_job(journey, LWS_NAME, "serve", COMPUTE_NODES)
+        await bound_as_one_job(journey, LWS_NAME, "serve")
     finally:
-        for kind, name in ((JobSet, "train"), (LeaderWorkerSet, "serve")):
+        for kind, name in ((JobSet, "wide"), (JobSet, "train"), (LeaderWorkerSet, "serve")):
             with contextlib.suppress(ApiError):
                 await kube.delete(kind, name, namespace=TENANT_NAMESPACE)
 
 
-async def bound_job(kube: AsyncClient, name: str, within: float) -> str:
-    """The Slurm job of pod `name`, once the scheduler bound it."""
-    found: dict[str, str] = {}
+async def slurmd_memory(journey: Journey) -> dict[str, str]:
+    """Each running slurmd pod's memory request."""
+    requests = {}
+    labels = {"sunk.dev/nodeset": NODESET}
+    async for pod in journey.kube.list(Pod, namespace=journey.namespace, labels=labels):
+        assert pod.metadata is not None
+        assert pod.spec is not None
+        if pod.metadata.deletionTimestamp or not pod.status or pod.status.phase != "Running":
+            continue
+        (slurmd,) = [c for c in pod.spec.containers if c.name == "slurmd"]
+        assert slurmd.resources is not None
+        assert slurmd.resources.requests is not None
+        requests[pod.metadata.name or ""] = slurmd.resources.requests["memory"]
+    return requests
 
-    async def bound() -> bool:
-        pod = await kube.get(Pod, name, namespace=TENANT_NAMESPACE)
-        if pod.spec and pod.spec.nodeName and pod.metadata and pod.metadata.annotations:
-            found["job"] = pod.metadata.annotations.get(JOB_ID, "")
-        return bool(found.get("job"))
 
-    await wait_for(f"pod {name} bound through Slurm", bound, timeout=within)
-    return found["job"]
+async def operator_slurm_user(journey: Journey) -> str:
+    """The Slurm user in the token the operator's pods mount (the chart's
+    token minter keeps it)."""
+    secret = await journey.kube.get(
+        Secret, f"{CLUSTER_RELEASE}-operator-token", namespace=journey.namespace
+    )
+    assert secret.data is not None
+    payload = base64.b64decode(secret.data["token"]).decode().split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return str(claims["sun"])
+
+
+async def slurm_nodes(journey: Journey) -> dict[str, str]:
+    """Slurm node -> state."""
+    out = (await journey.shell.ssh("sinfo -h -N -o '%N %T'")).stdout
+    return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+
+async def test_5_an_update_in_a_maintenance_window_waits_for_it_as_sunk_operator(
+    journey: Journey,
+) -> None:
+    """The platform team schedules a NodeSet update (a new memory request for
+    slurmd, as after resizing it) into a window with `helm upgrade`. The
+    chart's operator, acting in Slurm as `sunk-operator` with the token the
+    chart mints for it, holds the nodes in a maintenance reservation before
+    the window and drains nothing: a job that ends before the window runs, one
+    that would run across its start (no time limit; the partition's MaxTime is
+    INFINITE) waits. In the window the update rolls, one node at a time, and
+    the reservation goes when it is done."""
+    shell = journey.shell
+    reservation = f"sunk-update-{journey.namespace}-{NODESET}"
+    before = await slurmd_memory(journey)
+    assert len(before) == COMPUTE_NODES
+    assert await operator_slurm_user(journey) == "sunk-operator"
+    # Time for the upgrade, the reservation and a one-minute job before it opens.
+    opens = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
+        seconds=140
+    )
+    windowed = copy.deepcopy(journey.values)
+    (nodeset,) = windowed["nodesets"]
+    nodeset["podResources"] = {"requests": {"memory": "300Mi"}}
+    nodeset["updateStrategy"] = {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+        "maintenanceWindow": {"start": opens.strftime("%Y-%m-%dT%H:%M:%SZ"), "duration": "20m"},
+    }
+    long_job = ""
+    try:
+        started = time.monotonic()
+        await charts.install(
+            journey.helm, journey.kube, RELEASE, "slurm", journey.namespace, windowed,
+            values_file=journey.state / "values-window.yaml",
+        )  # fmt: skip
+        shown = await shell.poll_ssh(
+            "the update's reservation",
+            f"scontrol show reservation {reservation} 2>&1 || true",
+            "Flags=",
+            90,
+        )
+        print(f"helm upgrade -> reservation made: {time.monotonic() - started:.1f} s")
+        assert "MAINT" in shown, shown
+        assert "IGNORE_JOBS" in shown, shown
+        held = shown.split("Nodes=", 1)[1].split()[0]
+        hosts = (await shell.ssh(f"scontrol show hostnames {held}")).stdout.split()
+        assert sorted(hosts) == journey.compute, shown
+        progressing = await asyncio.to_thread(
+            journey.kubectl, "get", "nodeset", NODESET, "-n", journey.namespace, "-o",
+            "jsonpath={.status.conditions[?(@.type=='Progressing')].message}",
+        )  # fmt: skip
+        assert "maintenance window" in progressing.stdout, progressing
+
+        left = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
+        assert left > 75, f"the window opens in {left:.0f} s: too soon for a one-minute job"
+        short = (await shell.ssh("sbatch --parsable -t 1 --wrap 'sleep 5'")).stdout.strip()
+        long_job = (await shell.ssh("sbatch --parsable --wrap 'sleep 600'")).stdout.strip()
+        await shell.poll_ssh(
+            f"the short job {short} done", f"sacct -n -X -P -j {short} -o State", "COMPLETED", 60
+        )
+        reason = (await shell.ssh(f"squeue -h -j {long_job} -o '%T %r'")).stdout.strip()
+        assert reason.startswith("PENDING"), reason
+        states = await slurm_nodes(journey)
+        assert not [s for s in states.values() if "drain" in s], states
+        assert await slurmd_memory(journey) == before, "a pod was replaced before the window"
+
+        async def rolled() -> bool:
+            memory = await slurmd_memory(journey)
+            return len(memory) == COMPUTE_NODES and set(memory.values()) == {"300Mi"}
+
+        await wait_for("the update rolled", rolled, 600, interval=2)
+        assert datetime.datetime.now(datetime.UTC) >= opens
+        await shell.poll_ssh(
+            "the reservation gone",
+            f"scontrol show reservation {reservation} 2>&1 || true",
+            "not found|No reservations",
+            60,
+        )
+        print(f"window open -> rolled, unreserved: {datetime.datetime.now(datetime.UTC) - opens}")
+        await shell.poll_ssh(
+            f"the held job {long_job} running", f"squeue -h -j {long_job} -o %T", "RUNNING", 120
+        )
+    finally:
+        if long_job:
+            await shell.ssh(f"scancel {long_job}", check=False)
+        # The window taken out, the new request kept: no second roll.
+        kept = copy.deepcopy(journey.values)
+        kept["nodesets"][0]["podResources"] = nodeset["podResources"]
+        await charts.install(
+            journey.helm, journey.kube, RELEASE, "slurm", journey.namespace, kept,
+            values_file=journey.state / "values.yaml",
+        )  # fmt: skip
+        journey.values = kept
+
+        async def idle() -> bool:
+            return set((await slurm_nodes(journey)).values()) == {"idle"}
+
+        await wait_for("every node idle", idle, 300, interval=2)
 
 
 async def test_6_a_default_pod_is_placed_and_a_gated_one_waits_for_its_gate(
@@ -543,7 +698,7 @@ async def test_6_a_default_pod_is_placed_and_a_gated_one_waits_for_its_gate(
     try:
         started = time.monotonic()
         await kube.create(tenant_pod(journey, "default-grace"))
-        job = await bound_job(kube, "default-grace", within=120)
+        job = await bound_job(kube, TENANT_NAMESPACE, "default-grace", within=120)
         print(f"a default pod bound through Slurm job {job} in {time.monotonic() - started:.1f} s")
 
         since = (await journey.shell.ssh("date +%Y-%m-%dT%H:%M:%S")).stdout.strip()
@@ -566,9 +721,39 @@ async def test_6_a_default_pod_is_placed_and_a_gated_one_waits_for_its_gate(
             namespace=TENANT_NAMESPACE,
             patch_type=PatchType.JSON,
         )
-        await bound_job(kube, "gated", within=60)
+        await bound_job(kube, TENANT_NAMESPACE, "gated", within=60)
         print(f"gate removed -> placed: {time.monotonic() - ungated:.1f} s")
     finally:
         for name in ("default-grace", "gated"):
             with contextlib.suppress(ApiError):
                 await kube.delete(Pod, name, namespace=TENANT_NAMESPACE, grace_period=0)
+
+
+async def test_7_each_sunk_component_down_fires_its_alert(journey: Journey) -> None:
+    """Debian's Prometheus in `monitoring`, finding the charts' targets by
+    their annotations and loading the charts' rules (plus a copy at zero
+    thresholds, so that an alert shows in seconds: plugins/prometheus.py).
+    The operator, syncer, scheduler and token minter scaled to zero in turn,
+    the GPU plugin's pods sent nowhere: each one's SunkComponentDown fires,
+    and no other; back, it ends."""
+    kubectl = journey.kubectl
+
+    def walk() -> None:
+        prometheus = start_prometheus(
+            kubectl,
+            journey.prometheus_image,
+            journey.namespace,
+            (CLUSTER_RELEASE, RELEASE),
+            (journey.state / "cluster-values.yaml", journey.state / "values.yaml"),
+        )
+        try:
+            each_component_down_fires_its_alert(
+                prometheus, kubectl, journey.namespace, CLUSTER_RELEASE
+            )
+        finally:
+            prometheus.http.close()
+
+    try:
+        await asyncio.to_thread(walk)
+    finally:
+        await asyncio.to_thread(remove_prometheus, kubectl)

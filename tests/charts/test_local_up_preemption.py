@@ -1,15 +1,16 @@
-"""Preemption, QOS access and GPU accounting as the slurm chart's defaults
-give them, on `sunk local up`'s cluster (slurmdbd, the chart's accounting
-hook, real kubelets):
+"""Preemption and QOS access as the slurm chart's defaults give them, on
+`sunk local up`'s cluster (slurmdbd, the chart's accounting hook, real
+kubelets):
 
-- A pod of the served namespace that asks for QOS `inference` preempts the
-  researcher's running batch job in `normal`: the job is requeued and the
-  pod placed.
+- The chart made its QOS (inference preempts normal; high preempts both;
+  GraceTime 30 s) and the account `research` granting them.
 - The researcher's `sbatch --qos=high` preempts a running pod's job (in
   `normal`): the pod is evicted within the QOS's GraceTime (30 s) and the
   batch job runs.
 - `sbatch --qos=high` in an account whose association lacks it is refused.
-- `sacct` shows gres/gpu among a GPU job's TRES.
+
+Inference pods preempting a training job, which is requeued and resumes,
+and GPU TRES in sacct: tests/acceptance/test_default_install.py.
 
 The bed's users run in the chart account `research` (sunk_testbed.charts,
 `RESEARCH_ACCOUNT`), which grants normal, inference and high; the served
@@ -30,7 +31,8 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ResourceRequirements
 from lightkube.resources.core_v1 import Pod
 
-from plugins.local_cluster import bound_job, job_state, poll_ssh, ssh, summary, tenant_pod
+from plugins.local_cluster import poll_ssh, ssh, summary, tenant_pod
+from plugins.placed import bound_job
 from plugins.slurm_pods import wait_for
 from sunk_testbed.bed import USER_NAME
 from sunk_testbed.charts import RESEARCH_ACCOUNT
@@ -62,12 +64,6 @@ def whole_cluster_job(cluster: Path, qos: str, requeue: bool = True) -> str:
     return out.strip().split(";")[0]
 
 
-def restarts(cluster: Path, job: str) -> int:
-    shown = ssh(cluster, f"scontrol show job {job}")
-    fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
-    return int(fields.get("Restarts", "0"))
-
-
 async def pod_gone(kube: AsyncClient, name: str) -> bool:
     try:
         await kube.get(Pod, name, namespace="default")
@@ -91,31 +87,6 @@ def test_the_chart_made_its_qos_and_the_research_account(local_cluster: Path) ->
 
 
 @pytest.mark.timeout(600)
-async def test_an_inference_pod_preempts_a_training_job_which_is_requeued(
-    local_cluster: Path,
-) -> None:
-    cluster = local_cluster
-    info = summary(cluster)
-    kube = async_client(Path(info["kubernetes"]["kubeconfig"]), field_manager="test")
-    job = whole_cluster_job(cluster, "normal")
-    try:
-        poll_ssh(cluster, f"squeue -h -j {job} -o %T", lambda s: s.strip() == "RUNNING", 120)
-        started = time.monotonic()
-        await kube.create(small_pod(info, "inference", qos="inference"))
-        pod_job = await bound_job(kube, "inference", within=120)
-        print(f"inference pod placed over a training job: {time.monotonic() - started:.1f}s")
-        assert restarts(cluster, job) >= 1  # requeued, not cancelled
-        assert job_state(cluster, job) in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING")
-        qos = ssh(cluster, f"squeue -h -j {pod_job} -o %q").strip()
-        assert qos == "inference"
-    finally:
-        with contextlib.suppress(ApiError):
-            await kube.delete(Pod, "inference", namespace="default", grace_period=0)
-        ssh(cluster, f"scancel {job} || true")
-        await kube.close()
-
-
-@pytest.mark.timeout(600)
 async def test_a_high_job_preempts_a_pods_job_and_the_pod_goes_within_grace(
     local_cluster: Path,
 ) -> None:
@@ -125,7 +96,7 @@ async def test_a_high_job_preempts_a_pods_job_and_the_pod_goes_within_grace(
     job = ""
     try:
         await kube.create(small_pod(info, "training-pod"))  # the tenancy's first QOS: normal
-        pod_job = await bound_job(kube, "training-pod", within=120)
+        pod_job = await bound_job(kube, "default", "training-pod", within=120)
         assert ssh(cluster, f"squeue -h -j {pod_job} -o %q").strip() == "normal"
         started = time.monotonic()
         job = whole_cluster_job(cluster, "high", requeue=False)
@@ -163,13 +134,3 @@ def test_high_is_refused_where_the_association_lacks_it(local_cluster: Path) -> 
         f"sbatch --account={account} --qos=high --wrap true 2>&1 || true",
     )
     assert "Invalid qos" in out or "invalid qos" in out.lower(), out
-
-
-@pytest.mark.timeout(300)
-def test_a_gpu_jobs_gres_is_accounted(local_cluster: Path) -> None:
-    out = ssh(
-        local_cluster,
-        f"srun --account={RESEARCH_ACCOUNT} --gres=gpu:1 true && sacct -n -X -P -u {USER_NAME}"
-        " -o JobID,AllocTRES --starttime now-5minutes | tail -1",
-    )
-    assert "gres/gpu=1" in out, out

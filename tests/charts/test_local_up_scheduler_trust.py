@@ -19,8 +19,6 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Pod
 
 from plugins.local_cluster import (
-    JOB_ID,
-    bound_job,
     job_state,
     kubectl,
     scheduler_pods,
@@ -28,6 +26,7 @@ from plugins.local_cluster import (
     summary,
     tenant_pod,
 )
+from plugins.placed import bound_job, slurm_job_of
 from plugins.slurm_pods import wait_for
 from sunk_testbed.control_plane import async_client
 
@@ -51,7 +50,7 @@ async def test_a_job_comment_in_any_script_leaves_the_scheduler_running(
     ).strip()
     try:
         await kube.create(tenant_pod(info, "before-restart"))
-        before = await bound_job(kube, "before-restart", within=120)
+        before = await bound_job(kube, "default", "before-restart", within=120)
         deleted = kubectl(
             cluster, "delete", "pods", "-n", "slurm", "--wait=false", *scheduler_pods(cluster)
         )
@@ -59,7 +58,7 @@ async def test_a_job_comment_in_any_script_leaves_the_scheduler_running(
         restarted = time.monotonic()
         await kube.create(tenant_pod(info, "after-restart"))
         try:
-            after = await bound_job(kube, "after-restart", within=30)
+            after = await bound_job(kube, "default", "after-restart", within=30)
         except AssertionError:
             logs = kubectl(cluster, "logs", "-n", "slurm", "deploy/sunk-scheduler", "--tail=60")
             pods = kubectl(cluster, "get", "pods", "-n", "slurm", "-o", "wide")
@@ -72,7 +71,7 @@ async def test_a_job_comment_in_any_script_leaves_the_scheduler_running(
         assert await asyncio.to_thread(job_state, cluster, before) == "RUNNING"
         pod = await kube.get(Pod, "before-restart", namespace="default")
         assert pod.metadata is not None
-        assert (pod.metadata.annotations or {}).get(JOB_ID) == before
+        assert slurm_job_of(pod) == before
         await kube.delete(Pod, "before-restart", namespace="default")
 
         async def ended() -> bool:
@@ -132,7 +131,7 @@ async def test_a_gang_name_with_a_space_is_refused_and_submits_nothing(
             pod = await kube.get(Pod, name, namespace="default")
             assert pod.spec is not None
             assert pod.spec.nodeName is None
-            assert JOB_ID not in ((pod.metadata.annotations if pod.metadata else None) or {})
+            assert not slurm_job_of(pod)
     finally:
         for name in names:
             with contextlib.suppress(ApiError):

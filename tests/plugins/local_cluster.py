@@ -21,13 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import AsyncClient
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from plugins.nodes import kubectl_at
-from plugins.slurm_pods import wait_for
 from sunk_testbed.bed import NAMESPACE, RELEASE, Bed
 from sunk_testbed.helm import Helm, ensure_helm
 
@@ -105,23 +103,6 @@ def tenant_pod(info: dict[str, Any], name: str, annotations: dict[str, str] | No
             ],
         ),
     )
-
-
-JOB_ID = "sunk.dev/slurm-job-id"
-
-
-async def bound_job(kube: AsyncClient, name: str, within: float) -> str:
-    """The Slurm job of the pod, once the scheduler bound it (within `within` s)."""
-    found: dict[str, str] = {}
-
-    async def bound() -> bool:
-        pod = await kube.get(Pod, name, namespace="default")
-        if pod.spec and pod.spec.nodeName and pod.metadata and pod.metadata.annotations:
-            found["job"] = pod.metadata.annotations.get(JOB_ID, "")
-        return bool(found.get("job"))
-
-    await wait_for(f"pod {name} bound through Slurm", bound, timeout=within)
-    return found["job"]
 
 
 def scheduler_pods(cluster: Path) -> dict[str, int]:

@@ -60,10 +60,12 @@ class SlurmBed:
         return "".join(lines)
 
 
-async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 20) -> None:
+async def wait_for(
+    what: str, check: Callable[[], Awaitable[Any]], timeout: float = 20, interval: float = 0.1
+) -> None:
     """`charts.wait_until` at a test's pace, failing as an assertion."""
     try:
-        await wait_until(what, check, timeout, interval=0.1)
+        await wait_until(what, check, timeout, interval=interval)
     except TimeoutError as late:
         raise AssertionError(str(late)) from None
 
