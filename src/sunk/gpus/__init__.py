@@ -11,5 +11,9 @@ and confines each job to its own with cgroups.
 allocation is for, and whether it is allowed), `plugin` (the kubelet's gRPC
 services, their registration through the kubelet's plugin watcher, the
 rescan loop, and the narrow port to the pods bound to the node), `run` (the
-wiring). `proto` is generated from the kubelet's protos. See docs/gpus.md.
+wiring). `proto` is generated from the kubelet's protos. `cdi` (pure: CDI
+specs read, checked and resolved to a container's edits), `inventory` (a
+node's NVIDIA device nodes, driver libraries and tools, and the CDI spec
+for them) and `nvml` (pure: gres.conf lines from what NVML says of each
+GPU) are what the CDI path is built on. See docs/gpus.md.
 """
