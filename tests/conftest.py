@@ -39,10 +39,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(mark) for mark in BED_MARKS):
             item.add_marker(pytest.mark.unit)
-    # The default install's journey last: it leaves the session's nodes
-    # offering GPUs its plugin no longer serves, which would hold the slurmd
-    # pods of a later module's NodeSet (nodeset.pods.gpu_plugin_not_serving).
-    items.sort(key=lambda item: item.get_closest_marker("acceptance") is not None)
+    # Unit tests first, so a run fails fast. The default install's journey
+    # last: it leaves the session's nodes offering GPUs its plugin no longer
+    # serves, which would hold the slurmd pods of a later module's NodeSet
+    # (nodeset.pods.gpu_plugin_not_serving).
+    items.sort(key=_tier)
+
+
+def _tier(item: pytest.Item) -> int:
+    if item.get_closest_marker("acceptance"):
+        return 2
+    return 0 if item.get_closest_marker("unit") else 1
 
 
 @pytest.fixture(scope="session")
