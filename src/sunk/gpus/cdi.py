@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -386,8 +386,3 @@ def spec_to_dict(spec: Spec) -> dict[str, Any]:
 
 def spec_json(spec: Spec) -> str:
     return json.dumps(spec_to_dict(spec), indent=2) + "\n"
-
-
-def device_names(kind: str, names: Sequence[str]) -> list[str]:
-    """Fully qualified names of `names` of `kind`."""
-    return [f"{kind}={name}" for name in names]
