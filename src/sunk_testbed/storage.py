@@ -151,10 +151,13 @@ def _node_name_env() -> dict[str, Any]:
     return {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 
-def seaweedfs_manifests(image: Image, data_dir: Path) -> list[dict[str, Any]]:
+def seaweedfs_manifests(
+    image: Image, data_dir: Path, node: str | None = None
+) -> list[dict[str, Any]]:
     """SeaweedFS in one pod (master, volume server, filer, S3 gateway), its
     data in `data_dir` on the bed's disk (every node sees the same path, so
-    the pod may move), and its S3 Service."""
+    the pod may move), and its S3 Service. `node`: the one node it runs on
+    (the storage server of a cluster is a machine no test powers off)."""
     args = [
         "server",
         "-dir=/data",
@@ -190,6 +193,7 @@ def seaweedfs_manifests(image: Image, data_dir: Path) -> list[dict[str, Any]]:
         # Slurm node, and sunk's node lock (NoExecute) would evict it, and
         # with it every home (a cluster runs its storage on nodes of its own).
         "tolerations": [{"operator": "Exists"}],
+        **_on(node),
         "containers": [container],
         "volumes": [
             {"name": "data", "hostPath": {"path": str(data_dir), "type": "DirectoryOrCreate"}},
@@ -209,7 +213,13 @@ def seaweedfs_manifests(image: Image, data_dir: Path) -> list[dict[str, Any]]:
     return [_workload("Deployment", SEAWEEDFS, pod), service]
 
 
-def csi_manifests(images: StorageImages, nodes_dir: Path) -> list[dict[str, Any]]:
+def _on(node: str | None) -> dict[str, Any]:
+    return {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
+
+
+def csi_manifests(
+    images: StorageImages, nodes_dir: Path, controller_node: str | None = None
+) -> list[dict[str, Any]]:
     """The driver: its controller (csi-provisioner beside s3driver), its node
     plugin on every node (s3driver beside csi-registrar), the CSIDriver, and
     the RBAC the provisioner needs.
@@ -261,6 +271,7 @@ def csi_manifests(images: StorageImages, nodes_dir: Path) -> list[dict[str, Any]
         "serviceAccountName": CONTROLLER_ACCOUNT,
         "terminationGracePeriodSeconds": 5,
         "tolerations": [{"operator": "Exists"}],  # as SeaweedFS's
+        **_on(controller_node),
         "containers": [
             {
                 "name": "csi-provisioner",
@@ -400,7 +411,13 @@ def secrets_manifests(access_key: str, secret_key: str) -> list[dict[str, Any]]:
 
 
 def manifests(
-    images: StorageImages, *, nodes_dir: Path, data_dir: Path, access_key: str, secret_key: str
+    images: StorageImages,
+    *,
+    nodes_dir: Path,
+    data_dir: Path,
+    access_key: str,
+    secret_key: str,
+    node: str | None = None,
 ) -> list[dict[str, Any]]:
     """Everything `install_shared_storage` applies, in order."""
     namespace = {
@@ -411,8 +428,8 @@ def manifests(
     return [
         namespace,
         *secrets_manifests(access_key, secret_key),
-        *seaweedfs_manifests(images.seaweedfs, data_dir),
-        *csi_manifests(images, nodes_dir),
+        *seaweedfs_manifests(images.seaweedfs, data_dir, node),
+        *csi_manifests(images, nodes_dir, node),
         storage_class(),
     ]
 
@@ -421,14 +438,21 @@ def manifests(
 
 
 async def install_shared_storage(
-    kube: Any, nodes: KubeletNodes, images: StorageImages, log: Log, *, within: float = 180
+    kube: Any,
+    nodes: KubeletNodes,
+    images: StorageImages,
+    log: Log,
+    *,
+    within: float = 180,
+    node: str | None = None,
 ) -> None:
     """SeaweedFS, the CSI driver and the `shared` StorageClass on a running
     bed, waited for until a claim of the class can be provisioned and
     mounted on each of `nodes`' nodes: SeaweedFS and the controller ready,
     the node plugin ready everywhere and registered with every kubelet.
     Idempotent; the S3 login is made at the first install and kept (the
-    data outlives the pods, in `<state>/shared-storage/`)."""
+    data outlives the pods, in `<state>/shared-storage/`). `node`: the node
+    SeaweedFS and the provisioner run on (None: any)."""
     from lightkube import ApiError, codecs
     from lightkube.resources.core_v1 import Secret
 
@@ -450,6 +474,7 @@ async def install_shared_storage(
         data_dir=data_dir,
         access_key=access_key,
         secret_key=secret_key,
+        node=node,
     ):
         await kube.apply(codecs.from_dict(manifest), field_manager="sunk-testbed", force=True)
     names = nodes.names()

@@ -114,5 +114,10 @@ async def shared_storage(kube: AsyncClient, kubelet_nodes: RealNodes) -> str:
 
     # A cold cache builds SeaweedFS, the driver and the sidecars first (minutes).
     built = await asyncio.to_thread(ensure_storage_images, _log)
-    await install_shared_storage(kube, kubelet_nodes.group, built, _log, within=300)
+    # On kn-2: the tests power off kn-1 (test_real_nodes) and a controller
+    # node (the chart e2e's failover), and homes must outlive both.
+    storage_node = kubelet_nodes.names[1]
+    await install_shared_storage(
+        kube, kubelet_nodes.group, built, _log, within=300, node=storage_node
+    )
     return STORAGE_CLASS
