@@ -319,7 +319,7 @@ def main(argv: list[str]) -> None:
     say(f"  tools: {node.binaries}; NVIDIA's CDI hook: {node.hook}")
     check(bool(node.gpus), "at least one GPU device node")
     check(any("libcuda.so" in p for p in node.libraries), "libcuda found")
-    spec = inventory.nvidia_spec(node, root=root)
+    spec = inventory.nvidia_spec(node)
     text = cdi.spec_json(spec)
     check(
         cdi.parse_spec(text, "generated") == spec, "the spec written as JSON reads back unchanged"

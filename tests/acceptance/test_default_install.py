@@ -385,15 +385,22 @@ def tenant_pod(journey: Journey, name: str) -> Pod:
     return Pod(metadata=ObjectMeta(name=name, namespace=TENANT_NAMESPACE), spec=pod_spec(journey))
 
 
+def ready_since(pod: Pod) -> datetime.datetime | None:
+    """When the pod became Ready, if it is."""
+    for condition in (pod.status.conditions if pod.status else None) or []:
+        if condition.type == "Ready" and condition.status == "True":
+            assert condition.lastTransitionTime is not None
+            return condition.lastTransitionTime
+    return None
+
+
 def ready_after(pod: Pod) -> float:
     """Seconds from the pod's creation to its Ready condition (whole seconds)."""
     assert pod.metadata is not None
     assert pod.metadata.creationTimestamp is not None
-    for condition in (pod.status.conditions if pod.status else None) or []:
-        if condition.type == "Ready" and condition.status == "True":
-            assert condition.lastTransitionTime is not None
-            return (condition.lastTransitionTime - pod.metadata.creationTimestamp).total_seconds()
-    raise AssertionError(f"{pod.metadata.name} not Ready")
+    ready = ready_since(pod)
+    assert ready is not None, f"{pod.metadata.name} not Ready"
+    return (ready - pod.metadata.creationTimestamp).total_seconds()
 
 
 async def test_2_inference_pods_preempt_training_which_resumes_when_they_scale_to_zero(
@@ -448,7 +455,7 @@ async def test_2_inference_pods_preempt_training_which_resumes_when_they_scale_t
         async def ready() -> list[Pod]:
             pods = await labelled_pods(kube, TENANT_NAMESPACE, "app", "inference")
             ok = [p for p in pods if p.status and p.status.phase == "Running"]
-            return ok if len(ok) == COMPUTE_NODES and all(map(_is_ready, ok)) else []
+            return ok if len(ok) == COMPUTE_NODES and all(ready_since(p) for p in ok) else []
 
         pods = await charts.wait_until("the inference pods Ready", ready, 120, interval=0.5)
         waits = sorted(ready_after(p) for p in pods)
@@ -479,11 +486,6 @@ async def test_2_inference_pods_preempt_training_which_resumes_when_they_scale_t
         with contextlib.suppress(ApiError):
             await kube.delete(Deployment, "inference", namespace=TENANT_NAMESPACE)
         await shell.ssh(f"scancel {train}", check=False)
-
-
-def _is_ready(pod: Pod) -> bool:
-    conditions = (pod.status.conditions if pod.status else None) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 async def bound_as_one_job(journey: Journey, label: str, value: str) -> None:

@@ -30,13 +30,12 @@ from lightkube.resources.core_v1 import ConfigMap, Pod
 from plugins.local_cluster import kubectl, poll_ssh, ssh, summary, sunk, tenant_pod
 from plugins.slurm_pods import wait_for
 from sunk.api import TAINT_NODE_LOCK
+from sunk.scheduler.request import ANNOTATION_JOB_ID
 from sunk.syncer.decide import LABEL_SLURM_BUSY
 from sunk_testbed.bed import USER_UID, Bed
 from sunk_testbed.control_plane import async_client
 
 pytestmark = pytest.mark.e2e
-
-JOB_ID_ANNOTATION = "sunk.dev/slurm-job-id"
 
 
 @pytest.fixture
@@ -131,7 +130,7 @@ async def test_a_pod_is_placed_by_slurm_and_its_deletion_ends_the_job(cluster: P
         current = await kube.get(Pod, "inference", namespace="default")
         assert current.metadata is not None
         assert current.metadata.annotations
-        job = current.metadata.annotations[JOB_ID_ANNOTATION]
+        job = current.metadata.annotations[ANNOTATION_JOB_ID]
         assert current.spec is not None
         assert (current.spec.nodeName or "").startswith("local-")
         # The node lock's toleration came with the pod's creation (the chart's
@@ -420,7 +419,7 @@ def test_the_components_run_under_policies_that_refuse_the_rest(cluster: Path) -
     made = kubectl(cluster, "-n", "default", "create", "-f", "-", input=json.dumps(tenant))
     assert made.returncode == 0, made.stderr
     try:
-        job = {"metadata": {"annotations": {JOB_ID_ANNOTATION: "1"}}}
+        job = {"metadata": {"annotations": {ANNOTATION_JOB_ID: "1"}}}
         assert patch("scheduler", "default", "policy-probe", job) == ""
         image["spec"]["containers"][0]["name"] = "main"
         swapped = patch("scheduler", "default", "policy-probe", image)

@@ -66,7 +66,7 @@ def test_the_node_is_found_as_the_driver_laid_it_out(tmp_path: Path) -> None:
 
 def test_the_spec_is_nvidias_shape_one_device_per_gpu_and_all(tmp_path: Path) -> None:
     dev, root = node(tmp_path)
-    spec = nvidia_spec(find_nvidia(dev=dev, root=root), root=str(root))
+    spec = nvidia_spec(find_nvidia(dev=dev, root=root))
     assert spec.names() == ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"]
     assert parse_spec(spec_json(spec)) == spec
     one = spec.resolve(["nvidia.com/gpu=1"])

@@ -19,15 +19,15 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sunk.gpus.cdi import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from sunk.gpus.devices import find_gpus
 
 KIND = "nvidia.com/gpu"
 CDI_VERSION = "0.5.0"
-GPU_NODE = re.compile(r"nvidia(\d+)")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 # The driver's libraries a CUDA or NVML program loads (nvidia-ctk's compute
 # and utility sets): each is mounted by every name it has in its folder (the
@@ -77,6 +77,7 @@ class NvidiaNode:
     binaries: tuple[str, ...]
     hook: str | None = None  # NVIDIA's CDI hook, where the node has it
     dev: str = "/dev"  # where the device nodes are on the node
+    root: str = "/"  # where the driver's files are on the node (host paths below it)
 
     def device_node(self, path: str) -> DeviceNode:
         """The device node `path` (under /dev in the container) from the node's."""
@@ -97,24 +98,18 @@ def find_nvidia(
     library_dirs: Sequence[str] = LIBRARY_DIRS,
     binary_dirs: Sequence[str] = BINARY_DIRS,
     root: Path = Path("/"),
-    is_char: Callable[[Path], bool] | None = None,
 ) -> NvidiaNode:
     """The node's NVIDIA devices, libraries and tools. `root` is where the
     driver's files are seen from (`/run/nvidia/driver` under the GPU
     Operator's driver container); the paths found are the node's own."""
-    char = is_char or _is_char_device
-    gpus: list[tuple[int, str]] = []
+    gpus = tuple((index, f"/dev/nvidia{index}") for index in find_gpus(dev))
     control: list[str] = []
-    for name in _listing(dev):
-        match = GPU_NODE.fullmatch(name)
-        if match and char(dev / name):
-            gpus.append((int(match.group(1)), f"/dev/{name}"))
     for name in CONTROL_NODES:
-        if char(dev / name):
+        if _is_char_device(dev / name):
             control.append(f"/dev/{name}")
     caps = dev / "nvidia-caps"
     for name in sorted(_listing(caps)):
-        if char(caps / name):
+        if _is_char_device(caps / name):
             control.append(f"/dev/nvidia-caps/{name}")
     libraries: list[str] = []
     seen: set[str] = set()
@@ -133,23 +128,23 @@ def find_nvidia(
     ]
     hook = HOOK if (root / HOOK.lstrip("/")).is_file() else None
     return NvidiaNode(
-        gpus=tuple(sorted(gpus)),
+        gpus=gpus,
         control=tuple(control),
         libraries=tuple(libraries),
         binaries=tuple(dict.fromkeys(binaries)),
         hook=hook,
         dev=str(dev),
+        root=str(root),
     )
 
 
-def nvidia_spec(node: NvidiaNode, root: str = "/") -> Spec:
+def nvidia_spec(node: NvidiaNode) -> Spec:
     """The CDI spec nvidia-ctk would write for `node`: device `<index>` per GPU
-    and `all`; the rest common to them. `root`: where the driver's files
-    are on the node (their host paths), seen at their own paths in the
-    container."""
+    and `all`; the rest common to them. The driver's files, found below
+    `node.root`, are seen at their own paths in the container."""
 
     def host(path: str) -> str:
-        return str(Path(root) / path.lstrip("/"))
+        return str(Path(node.root) / path.lstrip("/"))
 
     devices = [
         Device(str(index), ContainerEdits(device_nodes=(node.device_node(path),)))
