@@ -374,10 +374,6 @@ def gpu_plugin(
     device_dir: Annotated[
         Path, typer.Option(help="Where the GPUs' device files (nvidiaN) are found.")
     ] = Path("/dev"),
-    host_device_dir: Annotated[
-        Path | None,
-        typer.Option(help="--device-dir as the node's kubelet and runtime see it (default: same)."),
-    ] = None,
     socket_dir: Annotated[
         Path, typer.Option(help="Directory of the device plugin sockets.")
     ] = Path("/var/lib/kubelet/plugins/sunk.dev"),
@@ -405,7 +401,6 @@ def gpu_plugin(
                 slurmd_namespace=slurmd_namespace,
                 resource=resource,
                 device_dir=device_dir,
-                host_device_dir=host_device_dir,
                 socket_dir=socket_dir,
                 host_socket_dir=host_socket_dir,
                 registry_dir=registry_dir,

@@ -30,7 +30,7 @@ from lightkube import AsyncClient, codecs
 from sunk.api import RESOURCE_NODE_GPUS
 from sunk.kube.client import kube_client
 from sunk.slurm.hostlist import expand
-from sunk_testbed import charts
+from sunk_testbed import charts, gpus
 from sunk_testbed.control_plane import KubeAccess, KubeControlPlane, ensure_binaries
 from sunk_testbed.helm import Helm, ensure_helm
 from sunk_testbed.images import ImageSet, Registry, ensure_images
@@ -220,6 +220,14 @@ class Bed:
             identity=IDENTITY,
             gpus=GPUS,
         )
+        # Stand-in GPUs (no GPU here), handed out by each node's containerd
+        # from the CDI spec NVIDIA's toolkit would write for them.
+        devices = gpus.stand_in_gpus(self.state_dir / "gpus", GPUS)
+        gpus.write_cdi_spec(
+            [node_bed.group.paths(name).cdi_dir for name in names],
+            devices,
+            gpus.stand_in_driver(self.state_dir / "gpu-driver"),
+        )
         # The operator may make exactly these NodeSets' pods (componentPolicies):
         # the chart's default list lacks what the bed's values add (its image
         # repositories, the private registry's Secret), as a site lists its own.
@@ -255,7 +263,7 @@ class Bed:
                 # On, as on GPU nodes: the stand-in devices (no GPU here), and
                 # each kubelet's own root directory (they share one host).
                 gpu_plugin={
-                    "deviceDir": str(charts.stand_in_gpus(self.state_dir / "gpus", GPUS)),
+                    "deviceDir": str(devices),
                     "kubeletRootDir": f"{node_bed.group.dir}/{{node}}/kubelet",
                 },
                 slurmd_pods=slurmd_pods,

@@ -14,8 +14,6 @@ import asyncio
 import base64
 import datetime
 import json
-import os
-import stat
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,7 +84,7 @@ def slurm_values(
     `identity`: `static` (the users in /etc/passwd) or `ldap` (the chart's
     in-chart directory, seeded with the same users and keys, on a volume).
     `gpus`: the GPUs of every node, whose device files sunk's GPU plugin
-    hands the slurmd pods (`stand_in_gpus`): gres.conf names them."""
+    hands the slurmd pods (sunk_testbed.gpus): gres.conf names them."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
     # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
     # node. The bed has no mailer. config_overrides: Slurm takes the NodeSet's
@@ -320,24 +318,6 @@ def render_slurmd_pod_allowance(
     chart = str(CHARTS / "slurm")
     out = helm.run(["template", release, chart, "-n", namespace, "-f", str(values_file)])
     return slurmd_pod_allowance(doc for doc in yaml.safe_load_all(out) if doc)
-
-
-GPU_MAJOR = 195  # NVIDIA's character device major
-
-
-def stand_in_gpus(directory: Path, count: int) -> Path:
-    """`count` stand-in GPU device files, nvidia0..: character devices of
-    NVIDIA's major number with no driver behind them (opening one fails with
-    ENXIO, where a device cgroup that denies it gives EPERM). No GPU exists
-    on this machine; the bed's nodes share these."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for index in range(count):
-        path = directory / f"nvidia{index}"
-        if not path.is_char_device():
-            path.unlink(missing_ok=True)
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(GPU_MAJOR, index))
-            path.chmod(0o666)
-    return directory
 
 
 VOLUME_COUNT = 4

@@ -112,6 +112,11 @@ class NodePaths:
         return self.root / "containerd" / "certs.d"
 
     @property
+    def cdi_dir(self) -> Path:
+        """Where the node's containerd reads CDI specs (a real node's /etc/cdi)."""
+        return self.root / "cdi"
+
+    @property
     def runc_root(self) -> Path:
         return self.root / "runc"
 
@@ -155,6 +160,7 @@ def containerd_config(paths: NodePaths, *, sandbox_image: str, cni_bin_dir: str,
     `restrict_oom_score_adj`: the machine lacks CAP_SYS_RESOURCE, so the pause
     container's -998 is refused (blocker 1). `netns_mounts_under_state_dir`: a
     netns made by `ip netns add` re-mounts /run/netns and hides CRI's (blocker 8).
+    CDI on, its specs in the node's own directory (the bed's stand-in GPUs).
     NRI, tracing and the debug socket are off: nothing here uses them, and their
     default paths are machine-wide.
     """
@@ -182,7 +188,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 [{runtime}]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  enable_cdi = false
+  enable_cdi = true
+  cdi_spec_dirs = [{_toml(paths.cdi_dir)}]
 
 [{runtime}.cni]
   bin_dirs = [{_toml(cni_bin_dir)}]

@@ -157,7 +157,7 @@ class KubeletNodes:
         sandbox_image: str,
     ) -> None:
         paths = self.paths(name)
-        for directory in (paths.cni_conf_dir, paths.cni_ipam_dir, paths.pod_logs):
+        for directory in (paths.cni_conf_dir, paths.cni_ipam_dir, paths.pod_logs, paths.cdi_dir):
             directory.mkdir(parents=True, exist_ok=True)
         (paths.cni_conf_dir / "10-sunk.conflist").write_text(
             json.dumps(nodeconf.cni_config(subnet, index, paths.cni_ipam_dir), indent=1)

@@ -10,9 +10,11 @@ as a directory user over ssh and creates pods as a tenant would.
 
 Runs on the session's real nodes (kubelet + containerd each), pulling the
 images built here from the bed's registry. Stand-ins, named: the GPUs are
-device files shaped like NVIDIA's (`charts.stand_in_gpus`, no driver, so
-gres.conf names them), and the ReadWriteMany class is the bed's SeaweedFS
-through an S3 CSI driver (docs/testbed.md).
+device files shaped like NVIDIA's, a stand-in `libcuda.so.1` and
+`nvidia-smi`, and the CDI spec NVIDIA's toolkit would write for them in each
+node's containerd (sunk_testbed.gpus; no driver, so gres.conf names them),
+and the ReadWriteMany class is the bed's SeaweedFS through an S3 CSI driver
+(docs/testbed.md).
 
 The journey's steps, in the order they run: 1 (a directory user builds with
 `mpicc` and runs a 3-node job from `$HOME`, its output read back on the
@@ -78,6 +80,7 @@ from plugins.slurm_pods import node_states, wait_for
 from sunk.api import RESOURCE_NODE_GPUS
 from sunk.scheduler.request import ANNOTATION_QOS, JOBSET_NAME, LWS_NAME
 from sunk_testbed import charts
+from sunk_testbed import gpus as stand_in
 from sunk_testbed.control_plane import KubeAccess
 from sunk_testbed.helm import Helm, ensure_helm
 from sunk_testbed.workloads import (
@@ -229,7 +232,9 @@ async def journey(
     before = await node_states(kube, kubelet_nodes.names)
     key = state / "id_ed25519"
     public_key = charts.new_ssh_key(key)
-    gpus = charts.stand_in_gpus(state / "gpus", GPUS)
+    gpus = stand_in.stand_in_gpus(state / "gpus", GPUS)
+    spec_dirs = [kubelet_nodes.group.paths(name).cdi_dir for name in names]
+    stand_in.write_cdi_spec(spec_dirs, gpus, stand_in.stand_in_driver(state / "gpu-driver"))
     values = slurm_values(kubelet_nodes, shared_storage, public_key)
     print("overrides of the charts' defaults:")
     for chart, overrides in OVERRIDES.items():
@@ -293,6 +298,7 @@ async def journey(
         with contextlib.suppress(ApiError):
             await kube.delete(Namespace, TENANT_NAMESPACE)
         await remove_both(helm, kube, namespace, RELEASE, state, before)
+        stand_in.remove_cdi_spec(spec_dirs)
 
 
 async def test_1_a_directory_user_builds_with_mpicc_and_runs_three_nodes_from_home(

@@ -2,9 +2,13 @@
 the charts' pods from images/, Debian's Slurm 26.05), docs/gpus.md.
 
 No GPU exists on this machine: every node's four GPUs are stand-in character
-devices (`/dev/nvidia0`..`3`, NVIDIA's major number, no driver behind them),
-made by `sunk local up` and served by sunk's GPU plugin (its DaemonSet, from
-sunk's image) to the slurmd pods and to the pods sunk's scheduler places.
+devices (`/dev/nvidia0`..`3`, NVIDIA's major number, no driver behind them,
+beside stand-in `nvidiactl`, `nvidia-uvm` and the rest), with a stand-in
+`libcuda.so.1` and `nvidia-smi` and the CDI spec NVIDIA's toolkit would write
+for them in each node's containerd, made by `sunk local up`
+(sunk_testbed.gpus) and served by sunk's GPU plugin (its DaemonSet, from
+sunk's image) as CDI devices to the slurmd pods and to the pods sunk's
+scheduler places.
 Opening one tells what a process may use: the device cgroup lets it through
 and the missing driver answers ENXIO ("usable"), or the cgroup refuses it
 with EPERM ("denied").
@@ -20,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from plugins.gpu_probe import PROBE as CONTAINER_PROBE
+from plugins.gpu_probe import gpu_nodes, read_probe
 from plugins.local_cluster import kubectl, poll_ssh, ssh, summary
 
 pytestmark = pytest.mark.e2e
@@ -90,6 +96,44 @@ def test_every_node_offers_its_gpus_and_slurm_counts_them(cluster: Path) -> None
     assert dict(line.split() for line in out.splitlines()) == {n: f"gpu:{GPUS}" for n in NODES}
 
 
+def test_a_slurmd_pod_holds_every_device_and_file_of_the_nodes_cdi_spec(cluster: Path) -> None:
+    """The slurmd pod's CDI device is the spec's `all`: every GPU, the control
+    nodes, the stand-in driver library and tool."""
+    pods = json.loads(
+        kubectl(
+            cluster,
+            "get",
+            "pods",
+            "-n",
+            "slurm",
+            "-l",
+            "sunk.dev/nodeset",  # the NodeSets' slurmd pods
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    assert pods
+    for pod in pods:
+        out = kubectl(
+            cluster,
+            "exec",
+            "-n",
+            "slurm",
+            pod["metadata"]["name"],
+            "-c",
+            "slurmd",
+            "--",
+            "sh",
+            "-c",
+            CONTAINER_PROBE,
+        ).stdout
+        seen = read_probe(out.splitlines())
+        assert seen.devices == gpu_nodes(range(GPUS)), out
+        assert "/usr/bin/nvidia-smi" in seen.files, out
+        assert any(f.endswith("/libcuda.so.1") for f in seen.files), out
+        assert (seen.cuda_gpus, len(seen.smi)) == (GPUS, GPUS), out
+
+
 def test_a_job_uses_the_gpus_slurm_allocated_it_and_no_other(cluster: Path) -> None:
     seen = probe(cluster, "-w compute-local-2 --gres=gpu:2 -t 1")
     assert sorted(seen) == list(range(GPUS)), seen  # every device file is there...
@@ -121,12 +165,9 @@ def test_a_pod_placed_by_the_scheduler_gets_exactly_its_jobs_gpus(cluster: Path)
                 {
                     "name": "main",
                     "image": info["images"]["sunk/slurm"],
-                    "command": [
-                        "sh",
-                        "-c",
-                        "echo devices $(cd /dev && echo nvidia*); "
-                        "echo visible $NVIDIA_VISIBLE_DEVICES; sleep 3600",
-                    ],
+                    "command": ["sh", "-c", CONTAINER_PROBE + "echo probed; sleep 3600"],
+                    # CUDA images set it so; it widens nothing.
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
                     "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "2"}},
                 }
             ],
@@ -143,7 +184,7 @@ def test_a_pod_placed_by_the_scheduler_gets_exactly_its_jobs_gpus(cluster: Path)
                 kubectl(cluster, "get", "pod", "-n", "default", "gpu-pod", "-o", "json").stdout
             )
             logs = kubectl(cluster, "logs", "-n", "default", "gpu-pod").stdout
-            if got["status"].get("phase") == "Running" and "visible" in logs:
+            if got["status"].get("phase") == "Running" and "probed" in logs:
                 break
             assert got["status"].get("phase") != "Failed", got["status"]
             assert time.monotonic() < deadline, (got["status"], logs)
@@ -152,9 +193,11 @@ def test_a_pod_placed_by_the_scheduler_gets_exactly_its_jobs_gpus(cluster: Path)
         job = got["metadata"]["annotations"]["sunk.dev/slurm-job-id"]
         held = job_gpus(cluster, job)
         assert len(held) == 2
-        words = dict(line.split(" ", 1) for line in logs.splitlines() if " " in line)
-        assert {int(d.removeprefix("nvidia")) for d in words["devices"].split()} == held, logs
-        assert indices(words["visible"].strip()) == held, logs
+        # Its two GPUs' device nodes and the control nodes, nothing more;
+        # CUDA and nvidia-smi count two.
+        seen = read_probe(logs.splitlines())
+        assert seen.devices == gpu_nodes(held), logs
+        assert (seen.cuda_gpus, len(seen.smi), seen.env) == (2, 2, "all"), logs
         # The batch job on that node: its own two GPUs, and not the pod's.
         beside = batch[node]
         assert job_gpus(cluster, beside) == set(range(GPUS)) - held

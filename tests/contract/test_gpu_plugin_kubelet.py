@@ -7,9 +7,12 @@ the kubelet finds it, connects, and runs its pods with what it answers.
 
 Stand-ins: no GPU exists on this machine. The four "GPUs" are character
 devices made here with mknod (`nvidia0`..`nvidia3`, major 195 as NVIDIA's
-driver makes them, no driver loaded: opening one gives ENXIO). The kubelet,
-containerd and runc treat them as any device: what the tests show is which
-device files a container is given, not that a GPU works.
+driver makes them, beside `nvidiactl`, `nvidia-uvm` and the rest; no driver
+loaded: opening one gives ENXIO), with a stand-in `libcuda.so.1` and
+`nvidia-smi`, and the CDI spec NVIDIA's toolkit would write for them in the
+node's CDI directory (sunk_testbed.gpus). The plugin answers CDI device
+names; the node's containerd applies the spec's edits. What the tests show
+is which devices and files a container is given, not that a GPU works.
 
 The scheduler's part is played by the test: it writes the pod's status
 condition `sunk.dev/SlurmGPUs` with the scheduler's own patch
@@ -37,6 +40,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.types import PatchType
 
+from plugins.gpu_probe import PROBE, gpu_nodes, read_probe
 from plugins.kube import TEST_LABEL
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import wait_for
@@ -46,7 +50,7 @@ from sunk.gpus.plugin import KubeBoundPods
 from sunk.gpus.run import GpuPluginConfig, GpuPluginMetrics, run_plugin
 from sunk.kube.raw import bind_pod
 from sunk.scheduler.pod_writes import slurm_gpus_patch
-from sunk_testbed import charts
+from sunk_testbed import gpus as stand_in
 
 pytestmark = pytest.mark.contract
 
@@ -76,7 +80,10 @@ async def gpu_plugin(
     """The plugin for the last node, with four stand-in devices."""
     node = kubelet_nodes.names[-1]
     kubelet_dir = kubelet_nodes.group.paths(node).kubelet_dir
-    devices = charts.stand_in_gpus(testbed_state_dir / "gpu-plugin" / node / "dev", 4)
+    here = testbed_state_dir / "gpu-plugin" / node
+    devices = stand_in.stand_in_gpus(here / "dev", 4)
+    spec_dirs = [kubelet_nodes.group.paths(node).cdi_dir]
+    stand_in.write_cdi_spec(spec_dirs, devices, stand_in.stand_in_driver(here / "driver"))
     config = GpuPluginConfig(
         node=node,
         # The plugin's --slurmd-namespace, made by the NodeSet test.
@@ -95,10 +102,10 @@ async def gpu_plugin(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        stand_in.remove_cdi_spec(spec_dirs)
 
 
 def gpu_pod(name: str, namespace: str, image: str, resource: str, count: int, **meta: Any) -> Pod:
-    script = 'ls /dev; echo "VISIBLE=$NVIDIA_VISIBLE_DEVICES"'
     return Pod.from_dict(
         {
             "apiVersion": "v1",
@@ -113,7 +120,9 @@ def gpu_pod(name: str, namespace: str, image: str, resource: str, count: int, **
                         "name": "main",
                         "image": image,
                         "imagePullPolicy": "IfNotPresent",
-                        "command": ["sh", "-c", script],
+                        "command": ["sh", "-c", PROBE],
+                        # CUDA images set it so; NVIDIA's hook would read it.
+                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
                         "resources": {"limits": {resource: str(count)}},
                     }
                 ],
@@ -166,10 +175,6 @@ async def delete(kube: AsyncClient, name: str, namespace: str) -> None:
         await kube.delete(Pod, name, namespace=namespace, grace_period=0)
 
 
-def nvidia(lines: list[str]) -> list[str]:
-    return sorted(line for line in lines if line.startswith("nvidia"))
-
-
 async def listed(kube: AsyncClient, gpu_plugin: PluginOnNode) -> float:
     """Seconds until the node reports 4 GPUs and one `sunk.dev/node-gpus`."""
     started = time.monotonic()
@@ -202,7 +207,9 @@ async def test_a_pod_gets_exactly_the_gpus_slurm_allocated(
     kube: AsyncClient, kubelet_nodes: RealNodes, gpu_plugin: PluginOnNode, namespace: str
 ) -> None:
     """(b) The condition says 2,3: the container has /dev/nvidia2 and
-    /dev/nvidia3, no other nvidia device, and NVIDIA_VISIBLE_DEVICES=2,3."""
+    /dev/nvidia3 and the control nodes, no other NVIDIA device, the driver's
+    library and tool; CUDA and nvidia-smi count two GPUs, whatever
+    NVIDIA_VISIBLE_DEVICES=all in its environment says."""
     await listed(kube, gpu_plugin)
     image = kubelet_nodes.images.slurm.ref
     pod = gpu_pod("slurm-placed", namespace, image, GPU_RESOURCE, 2)
@@ -212,8 +219,12 @@ async def test_a_pod_gets_exactly_the_gpus_slurm_allocated(
         out = await logs(kube, name, namespace)
         assert got.status is not None
         assert got.status.phase == "Succeeded", (got.status, out)
-        assert nvidia(out) == ["nvidia2", "nvidia3"], out
-        assert "VISIBLE=2,3" in out
+        seen = read_probe(out)
+        assert seen.devices == gpu_nodes((2, 3)), out
+        assert {"/usr/bin/nvidia-smi"} < seen.files, out
+        assert any(f.endswith("/libcuda.so.1") for f in seen.files), out
+        assert (seen.cuda_gpus, len(seen.smi)) == (2, 2), out
+        assert seen.env == "all", out  # the pod's own, and nothing read it
     finally:
         await delete(kube, name, namespace)
 
@@ -265,7 +276,8 @@ async def test_every_gpu_goes_only_to_a_nodesets_pod(
 ) -> None:
     """(d) `sunk.dev/node-gpus` in the Slurm namespace: refused to a pod no
     NodeSet controls; a pod whose controller is a NodeSet (a real one, made
-    here; no operator runs) gets all four devices and no NVIDIA_VISIBLE_DEVICES."""
+    here; no operator runs) gets the CDI spec's `all`: all four GPUs, the
+    control nodes and the driver's files."""
     await listed(kube, gpu_plugin)
     image = kubelet_nodes.images.slurm.ref
     name = await create_and_bind(
@@ -310,8 +322,9 @@ async def test_every_gpu_goes_only_to_a_nodesets_pod(
         out = await logs(kube, name, slurmd_namespace)
         assert got.status is not None
         assert got.status.phase == "Succeeded", (got.status, out)
-        assert nvidia(out) == ["nvidia0", "nvidia1", "nvidia2", "nvidia3"], out
-        assert "VISIBLE=" in out
+        seen = read_probe(out)
+        assert seen.devices == gpu_nodes(range(4)), out
+        assert (seen.cuda_gpus, len(seen.smi)) == (4, 4), out
     finally:
         await delete(kube, name, slurmd_namespace)
         with contextlib.suppress(ApiError):

@@ -328,11 +328,18 @@ async def test_drain_resume_reason_features_comment(slurm: SlurmClient, bed: Bed
         # 24.11: 2028 "Invalid node state specified"; 26.05: 2180 "... transition".
         assert refused.value.errno in (2028, 2180)
         assert refused.value.message.startswith("Invalid node state")
-        # DOWN, then back.
-        await slurm.update_node(name, NodeUpdate(state="DOWN", reason="sunk port down"))
-        node = await slurm.node(name)
-        assert node is not None
+        # DOWN, then back. ReturnToService=2 returns the node as soon as its
+        # slurmd registers again, which can beat the read (seen in CI): try
+        # until one read sees it down.
+        for _ in range(5):
+            await slurm.update_node(name, NodeUpdate(state="DOWN", reason="sunk port down"))
+            node = await slurm.node(name)
+            assert node is not None
+            if node.base_state == "DOWN":
+                break
+            assert node.base_state == "IDLE"
         assert node.base_state == "DOWN"
+        assert node.reason == "sunk port down"
         assert not node.responding
 
 

@@ -261,9 +261,8 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     pods = FakePods([])
     inventory = GpuInventory(devices)
     inventory.scan()
-    host = Path("/host/dev")
-    gpus = GpuPlugin(GPU, "kn-1", inventory, pods, host)
-    node_gpus = NodeGpusPlugin(NODE_GPUS, "kn-1", inventory, pods, host, SLURM_NS)
+    gpus = GpuPlugin(GPU, "kn-1", inventory, pods)
+    node_gpus = NodeGpusPlugin(NODE_GPUS, "kn-1", inventory, pods, SLURM_NS)
     async with serving(GPU, gpus, dirs), serving(NODE_GPUS, node_gpus, dirs):
         yield Served(dirs, pods, devices, inventory)
     assert list(dirs.registry_dir.iterdir()) == []  # deregistered
@@ -327,11 +326,9 @@ async def test_allocate_hands_slurms_gpus_and_refuses_others(served: Served) -> 
         dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["3", "2"])])
     )
     got = answer.container_responses[0]
-    assert [(d.host_path, d.container_path, d.permissions) for d in got.devices] == [
-        ("/host/dev/nvidia2", "/dev/nvidia2", "rw"),
-        ("/host/dev/nvidia3", "/dev/nvidia3", "rw"),
-    ]
-    assert dict(got.envs) == {"NVIDIA_VISIBLE_DEVICES": "2,3"}
+    # The node's CDI devices alone: no device spec, no environment.
+    assert [d.name for d in got.cdi_devices] == ["nvidia.com/gpu=2", "nvidia.com/gpu=3"]
+    assert (list(got.devices), dict(got.envs), list(got.mounts)) == ([], {}, [])
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await stub.Allocate(
             dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["0"])])
@@ -370,5 +367,17 @@ async def test_every_gpu_to_the_slurmd_pod_only(served: Served) -> None:
     served.pods.pods = [slurmd()]
     answer = await stub.Allocate(request)
     got = answer.container_responses[0]
-    assert [d.container_path for d in got.devices] == [f"/dev/nvidia{i}" for i in range(4)]
-    assert dict(got.envs) == {}
+    assert [d.name for d in got.cdi_devices] == ["nvidia.com/gpu=all"]
+    assert (list(got.devices), dict(got.envs)) == ([], {})
+
+
+async def test_a_node_without_gpus_gives_the_slurmd_pod_no_cdi_device(served: Served) -> None:
+    """The spec of a node without GPUs has no `all`: naming it would stop the pod."""
+    for index in range(4):
+        (served.devices / f"nvidia{index}").unlink()
+    assert served.inventory.scan()
+    served.pods.pods = [slurmd()]
+    answer = await served.plugin(NODE_GPUS).Allocate(
+        dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["all"])])
+    )
+    assert list(answer.container_responses[0].cdi_devices) == []

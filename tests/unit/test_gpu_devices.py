@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sunk.gpus.devices import device_path, find_gpus, gpu_indices
+from sunk.gpus.devices import find_gpus, gpu_indices
 from sunk.gpus.plugin import GpuInventory
 
 NVIDIA_MAJOR = 195
@@ -61,11 +61,6 @@ def test_gpu_indices_from_names_and_modes() -> None:
     chr_mode, reg_mode = stat.S_IFCHR | 0o600, stat.S_IFREG | 0o600
     entries = {"nvidia2": chr_mode, "nvidia1": chr_mode, "nvidia3": reg_mode, "sda": chr_mode}
     assert gpu_indices(entries) == (1, 2)
-
-
-def test_device_path() -> None:
-    assert device_path("/dev", 3) == "/dev/nvidia3"
-    assert device_path(Path("/host/dev"), 0) == "/host/dev/nvidia0"
 
 
 async def test_the_inventory_wakes_watchers_on_a_change_and_remembers_vanished_gpus(

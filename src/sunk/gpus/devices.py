@@ -38,8 +38,3 @@ def find_gpus(device_dir: Path) -> tuple[int, ...]:
     except FileNotFoundError:
         return ()
     return gpu_indices(entries)
-
-
-def device_path(directory: Path | str, index: int) -> str:
-    """A GPU's device file in `directory`."""
-    return str(Path(directory) / f"nvidia{index}")

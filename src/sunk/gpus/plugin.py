@@ -30,7 +30,7 @@ from lightkube.resources.core_v1 import Pod
 
 from sunk.gpus import choice
 from sunk.gpus.choice import ALL_GPUS, BoundPod
-from sunk.gpus.devices import device_path, find_gpus
+from sunk.gpus.devices import find_gpus
 from sunk.gpus.proto import deviceplugin_pb2 as dp
 from sunk.gpus.proto import deviceplugin_pb2_grpc as dp_grpc
 from sunk.gpus.proto import pluginregistration_pb2 as reg
@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # what NVIDIA's container hook reads
+# The CDI kind of NVIDIA's spec (`nvidia-ctk cdi generate`): devices named by
+# GPU index, and `all`.
+CDI_KIND = "nvidia.com/gpu"
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -111,18 +113,12 @@ async def keep_scanning(inventory: GpuInventory, every: float) -> None:
             log.warning("scanning %s: %s", inventory.device_dir, error)
 
 
-def device_specs(
-    indices: Iterable[int], host_device_dir: Path, permissions: str = "rw"
-) -> list[dp.DeviceSpec]:
-    """The device files a container gets: the node's nvidiaN at /dev/nvidiaN."""
-    return [
-        dp.DeviceSpec(
-            host_path=device_path(host_device_dir, index),
-            container_path=device_path("/dev", index),
-            permissions=permissions,
-        )
-        for index in indices
-    ]
+def cdi_devices(names: Iterable[object]) -> list[dp.CDIDevice]:
+    """What a container gets: the node's CDI devices `nvidia.com/gpu=<name>`.
+    The runtime applies the spec's edits for them (device nodes, driver
+    libraries, tools) and refuses to start a container whose device the
+    node's spec does not name: no GPU reaches a pod by any other way."""
+    return [dp.CDIDevice(name=f"{CDI_KIND}={name}") for name in names]
 
 
 class _Plugin(dp_grpc.DevicePluginServicer):
@@ -135,13 +131,11 @@ class _Plugin(dp_grpc.DevicePluginServicer):
         node: str,
         inventory: GpuInventory,
         pods: BoundPods,
-        host_device_dir: Path,
     ) -> None:
         self.resource = resource
         self.node = node
         self.inventory = inventory
         self.pods = pods
-        self.host_device_dir = host_device_dir
         # Set once the kubelet has read the device list (ListAndWatch).
         self.listed = asyncio.Event()
 
@@ -212,12 +206,7 @@ class GpuPlugin(_Plugin):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
             indices = sorted(int(i) for i in ids)
             log.info("%s: %s allocated to %s (Slurm's)", self.resource, indices, pod.key)
-            answers.append(
-                dp.ContainerAllocateResponse(
-                    devices=device_specs(indices, self.host_device_dir),
-                    envs={ENV_VISIBLE_DEVICES: ",".join(str(i) for i in indices)},
-                )
-            )
+            answers.append(dp.ContainerAllocateResponse(cdi_devices=cdi_devices(indices)))
         return dp.AllocateResponse(container_responses=answers)
 
 
@@ -232,10 +221,9 @@ class NodeGpusPlugin(_Plugin):
         node: str,
         inventory: GpuInventory,
         pods: BoundPods,
-        host_device_dir: Path,
         slurmd_namespace: str,
     ) -> None:
-        super().__init__(resource, node, inventory, pods, host_device_dir)
+        super().__init__(resource, node, inventory, pods)
         self.slurmd_namespace = slurmd_namespace
 
     async def GetDevicePluginOptions(
@@ -270,12 +258,9 @@ class NodeGpusPlugin(_Plugin):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
             present = self.inventory.present
             log.info("%s: every GPU %s to %s", self.resource, list(present), pod.key)
+            # The spec's `all` (none on a node without GPUs, which has no `all`).
             answers.append(
-                dp.ContainerAllocateResponse(
-                    # slurmd's job cgroups ask for "rwm" (cgroup v1 refuses a
-                    # child more than its parent has).
-                    devices=device_specs(present, self.host_device_dir, "rwm")
-                )
+                dp.ContainerAllocateResponse(cdi_devices=cdi_devices([ALL_GPUS] if present else []))
             )
         return dp.AllocateResponse(container_responses=answers)
 

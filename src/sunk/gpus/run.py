@@ -38,7 +38,6 @@ class GpuPluginConfig:
     # What NodeSets ask for; a test on shared nodes serves another name.
     node_resource: str = RESOURCE_NODE_GPUS
     device_dir: Path = Path("/dev")
-    host_device_dir: Path | None = None  # default: device_dir
     socket_dir: Path = SOCKET_DIR
     host_socket_dir: Path | None = None  # default: socket_dir
     registry_dir: Path = REGISTRY_DIR
@@ -74,16 +73,10 @@ async def run_plugin(
     inventory.scan()
     if metrics is not None:
         metrics.gpus.set_function(lambda: len(inventory.present))
-    host_devices = config.host_device_dir or config.device_dir
     dirs = SocketDirs(config.socket_dir, config.registry_dir, config.host_socket_dir)
-    gpus = GpuPlugin(config.resource, config.node, inventory, pods, host_devices)
+    gpus = GpuPlugin(config.resource, config.node, inventory, pods)
     node_gpus = NodeGpusPlugin(
-        config.node_resource,
-        config.node,
-        inventory,
-        pods,
-        host_devices,
-        config.slurmd_namespace,
+        config.node_resource, config.node, inventory, pods, config.slurmd_namespace
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(serving(config.resource, gpus, dirs))
