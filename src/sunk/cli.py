@@ -386,6 +386,13 @@ def gpu_plugin(
         typer.Option(help="The kubelet's plugin watcher directory (<root-dir>/plugins_registry)."),
     ] = Path("/var/lib/kubelet/plugins_registry"),
     rescan: Annotated[float, typer.Option(help="Seconds between scans of --device-dir.")] = 10.0,
+    toolkit_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="NVIDIA's container toolkit config.toml as mounted here: no GPU is served while "
+            "it lets a container take GPUs by its own environment or mounts (missing: no toolkit)."
+        ),
+    ] = None,
     metrics_port: MetricsPortOption = 9090,
     verbose: VerboseOption = False,
 ) -> None:
@@ -406,6 +413,7 @@ def gpu_plugin(
                 registry_dir=registry_dir,
                 kubeconfig=kubeconfig,
                 rescan_seconds=rescan,
+                toolkit_config=toolkit_config,
                 metrics_port=metrics_port or None,
             )
         )

@@ -260,10 +260,12 @@ class Bed:
                         "qos": list(charts.RESEARCH_QOS),
                     }
                 ],
-                # On, as on GPU nodes: the stand-in devices (no GPU here), and
-                # each kubelet's own root directory (they share one host).
+                # On, as on GPU nodes: the stand-in devices (no GPU here),
+                # each kubelet's own root directory (they share one host), and
+                # no NVIDIA toolkit (the host's /etc is no node's).
                 gpu_plugin={
                     "deviceDir": str(devices),
+                    "toolkitConfigDir": str(self.state_dir / "nvidia-container-runtime"),
                     "kubeletRootDir": f"{node_bed.group.dir}/{{node}}/kubelet",
                 },
                 slurmd_pods=slurmd_pods,

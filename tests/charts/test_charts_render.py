@@ -12,6 +12,7 @@ import ipaddress
 import os
 import secrets
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,10 @@ from lightkube import ApiError, AsyncClient, codecs
 from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authorization_v1 import SubjectAccessReview
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
-from sunk.api import TAINT_NODE_LOCK
+from sunk.api import RESOURCE_NODE_GPUS, TAINT_NODE_LOCK
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import crds, install_crds
 from sunk.scheduler.request import Options
@@ -806,11 +807,29 @@ def _gpu_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-async def install_policy(kube: AsyncClient, rendered: str, kind: str, namespace: str) -> list[Any]:
-    """The chart's `kind` (an admission policy) and its binding, from `rendered`,
-    created on the apiserver with the binding narrowed to `namespace`, so no
-    other test's pods meet it."""
-    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"].startswith(kind)]
+async def dry_run_refusal(kube: AsyncClient, namespace: str, pod: dict[str, Any]) -> str:
+    """Why the apiserver refuses to create `pod` (a dry run); "" if it admits it."""
+    try:
+        await kube.create(codecs.from_dict(pod), namespace=namespace, dry_run=True)  # type: ignore[call-overload]
+    except ApiError as error:
+        return str(error.status.message)
+    return ""
+
+
+async def install_policy(
+    kube: AsyncClient, rendered: str, kind: str, namespace: str, name: str | None = None
+) -> list[Any]:
+    """The chart's `kind` (an admission policy; the one called `name` where
+    there are several) and its binding, from `rendered`, created on the
+    apiserver with the binding narrowed to `namespace`, so no other test's
+    pods meet it."""
+    docs = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d
+        and d["kind"].startswith(kind)
+        and name in (None, d["metadata"]["name"], d["spec"].get("policyName"))
+    ]
     assert [d["kind"] for d in docs] == [kind, f"{kind}Binding"]
     docs[1]["spec"]["matchResources"] = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
@@ -831,12 +850,8 @@ async def test_gpu_pods_that_could_reach_slurm_must_be_placed_by_sunks_scheduler
     lock = [{"key": TAINT_NODE_LOCK, "operator": "Exists"}]
     everything = [{"operator": "Exists"}]
 
-    async def refusal(pod: dict[str, Any]) -> str:
-        try:
-            await kube.create(codecs.from_dict(pod), namespace=namespace, dry_run=True)  # type: ignore[call-overload]
-        except ApiError as error:
-            return str(error.status.message)
-        return ""
+    def refusal(pod: dict[str, Any]) -> Awaitable[str]:
+        return dry_run_refusal(kube, namespace, pod)
 
     # Not served first: a deleted policy lingers a moment in the apiserver, and
     # this one refuses nothing the served round expects admitted.
@@ -852,7 +867,9 @@ async def test_gpu_pods_that_could_reach_slurm_must_be_placed_by_sunks_scheduler
              "--set=gpuPlugin.enabled=true", "--set=componentPolicies.enabled=false",
              f"--set=scheduler.tenants[0].namespaces={{{tenant}}}", *grant]
         )  # fmt: skip
-        made = await install_policy(kube, out, "ValidatingAdmissionPolicy", namespace)
+        made = await install_policy(
+            kube, out, "ValidatingAdmissionPolicy", namespace, f"{release}-gpu-pods"
+        )
         try:
             # The apiserver takes the policy in a moment after it is created.
             deadline = time.monotonic() + 30
@@ -888,6 +905,90 @@ async def test_gpu_pods_that_could_reach_slurm_must_be_placed_by_sunks_scheduler
         finally:
             for obj in reversed(made):
                 await kube.delete(type(obj), obj.metadata.name)
+
+
+async def test_slurm_gpu_nodes_take_no_pod_that_skips_slurm(
+    helm: Helm, kube: AsyncClient, namespace: str
+) -> None:
+    """The chart's two other GPU policies, installed on the real apiserver
+    (bindings narrowed to this test's namespace), with two Node objects, one
+    labelled as `gpuPlugin.nodeSelector` picks GPU nodes. Outside the Slurm
+    namespace: a pod naming the GPU node is refused, naming the field, the
+    node and the way in; one naming the other node, or none, is admitted; a
+    pod asking for `sunk.dev/node-gpus` is refused. In the Slurm namespace: a
+    NodeSet's pod may ask for every GPU and name the GPU node; another pod
+    may not ask for every GPU."""
+    token = secrets.token_hex(3)
+    gpu_node, other_node = f"gpu-{token}", f"cpu-{token}"
+    for name, labels in ((gpu_node, {"sunk-test/gpu": token}), (other_node, {})):
+        await kube.create(Node.from_dict({"metadata": {"name": name, "labels": labels}}))
+
+    def refusal(pod: dict[str, Any]) -> Awaitable[str]:
+        return dry_run_refusal(kube, namespace, pod)
+
+    def pod(
+        name: str, node: str | None = None, *, every_gpu: bool = False, nodeset: bool = False
+    ) -> dict[str, Any]:
+        body = _sunk_pod(name, {"nodeName": node} if node else {})
+        if every_gpu:
+            body["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE_NODE_GPUS: "1"}}
+        if nodeset:
+            owner = {"apiVersion": "sunk.dev/v1alpha1", "kind": "NodeSet", "name": "gpu",
+                     "uid": "00000000-0000-0000-0000-000000000001", "controller": True}  # fmt: skip
+            body["metadata"]["ownerReferences"] = [owner]
+        return body
+
+    # The Slurm namespace first: its policies refuse nothing the round
+    # outside it admits (a deleted policy lingers a moment in the apiserver).
+    try:
+        for slurm_namespace in (namespace, f"{namespace}-slurm"):
+            release = f"r{secrets.token_hex(3)}"
+            out = helm.run(
+                ["template", release, str(CHARTS / "sunk-cluster"), "-n", namespace,
+                 "--set=gpuPlugin.enabled=true", "--set=componentPolicies.enabled=false",
+                 f"--set=slurm.namespace={slurm_namespace}",
+                 f"--set-string=gpuPlugin.nodeSelector.sunk-test/gpu={token}"]
+            )  # fmt: skip
+            made = []
+            for policy in (f"{release}-node-gpus", f"{release}-slurm-gpu-nodes"):
+                made += await install_policy(
+                    kube, out, "ValidatingAdmissionPolicy", namespace, policy
+                )
+            try:
+                deadline = time.monotonic() + 30
+                # Refused by this round's policy alone (not the last one's).
+                inside = slurm_namespace == namespace
+                probe = pod("probe", every_gpu=True, nodeset=not inside)
+                while not await refusal(probe):
+                    assert time.monotonic() < deadline, "the policy never took effect"
+                    await asyncio.sleep(0.5)
+                said = await refusal(pod("a", every_gpu=True))
+                assert (
+                    f"{RESOURCE_NODE_GPUS} (every GPU of a node) goes only to a NodeSet's" in said
+                )
+                if inside:
+                    assert await refusal(pod("b", gpu_node, every_gpu=True, nodeset=True)) == ""
+                    continue
+                assert "goes only to a NodeSet's" in await refusal(
+                    pod("c", every_gpu=True, nodeset=True)
+                )
+                # The Nodes are the policy's params: the apiserver takes them in a moment.
+                while not (said := await refusal(pod("d", gpu_node))):
+                    assert time.monotonic() < deadline, "the GPU node never refused a pod"
+                    await asyncio.sleep(0.5)
+                assert said.endswith(
+                    f"spec.nodeName: node {gpu_node} is a Slurm GPU node (sunk's GPU plugin "
+                    "runs there); a pod runs there only through Slurm: name sunk-scheduler as "
+                    f"its schedulerName and no node, or create it in namespace {slurm_namespace}"
+                ), said
+                assert await refusal(pod("e", other_node)) == ""
+                assert await refusal(pod("f")) == ""
+            finally:
+                for obj in reversed(made):
+                    await kube.delete(type(obj), obj.metadata.name)
+    finally:
+        for name in (gpu_node, other_node):
+            await kube.delete(Node, name)
 
 
 def _sunk_pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ with EPERM ("denied").
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import time
@@ -214,3 +215,128 @@ def test_a_pod_placed_by_the_scheduler_gets_exactly_its_jobs_gpus(cluster: Path)
             60,
             0.5,
         )
+
+
+# Pairs of GPU pods the pairs test makes; 50 when asked (SUNK_GPU_PAIRS=50),
+# a few rounds by default to keep the suite's time.
+PAIRS = int(os.environ.get("SUNK_GPU_PAIRS", "6"))
+
+
+def all_job_gpus(cluster: Path) -> dict[str, set[int]]:
+    """Each running job's GPU indices, as `scontrol show job -d` lists them."""
+    found = {}
+    for line in ssh(cluster, "scontrol -d -o show job").splitlines():
+        job = re.search(r"\bJobId=(\d+)", line)
+        gres = re.findall(r"GRES=gpu[^ ]*\(IDX:([0-9,-]+)\)", line)
+        if job and len(gres) == 1:
+            found[job.group(1)] = indices(gres[0])
+    return found
+
+
+def test_pairs_of_gpu_pods_bound_to_one_node_at_once_hold_their_own_jobs_gpus(
+    cluster: Path,
+) -> None:
+    """Rounds of six 2-GPU pods created at one instant, which fill the three
+    4-GPU nodes: Slurm starts two jobs on each node together, and the two
+    pods of each node would race through the kubelet's admission. Every pod
+    holds exactly the GPUs `scontrol show job -d` lists for its job (the
+    scheduler binds a node's GPU pods one at a time, each once the kubelet
+    admitted the one before)."""
+    image = summary(cluster)["images"]["sunk/slurm"]
+    per_round = len(NODES) * 2
+    rounds = -(-PAIRS * 2 // per_round)
+    took = []
+    for round_ in range(rounds):
+        names = [f"pair-{round_}-{i}" for i in range(per_round)]
+        pods = {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {
+                        "schedulerName": "sunk-scheduler",
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": image,
+                                "command": ["sh", "-c", CONTAINER_PROBE + "exec sleep 600"],
+                                "resources": {
+                                    "requests": {"cpu": "100m"},
+                                    "limits": {"nvidia.com/gpu": "2"},
+                                },
+                            }
+                        ],
+                    },
+                }
+                for name in names
+            ],
+        }
+        started = time.monotonic()
+        created = kubectl(cluster, "create", "-f", "-", input=json.dumps(pods))
+        assert created.returncode == 0, created.stderr
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                got = json.loads(
+                    kubectl(cluster, "get", "pods", "-n", "default", *names, "-o", "json").stdout
+                )["items"]
+                phases = [p["status"].get("phase") for p in got]
+                assert "Failed" not in phases, [p["status"] for p in got]
+                if phases == ["Running"] * per_round:
+                    logs = {
+                        name: kubectl(cluster, "logs", "-n", "default", name).stdout
+                        for name in names
+                    }
+                    if all("env " in out for out in logs.values()):
+                        break
+                assert time.monotonic() < deadline, [p["status"] for p in got]
+                time.sleep(1)
+            took.append(time.monotonic() - started)
+            held = all_job_gpus(cluster)
+            by_node: dict[str, list[str]] = {}
+            for pod in got:
+                name = pod["metadata"]["name"]
+                by_node.setdefault(pod["spec"]["nodeName"], []).append(name)
+                job = pod["metadata"]["annotations"]["sunk.dev/slurm-job-id"]
+                seen = read_probe(logs[name].splitlines())
+                assert len(held[job]) == 2, (job, held)
+                assert seen.devices == gpu_nodes(held[job]), (name, job, held[job], logs[name])
+                assert seen.cuda_gpus == 2, logs[name]
+            # Two pods on each node, bound together.
+            assert sorted(len(v) for v in by_node.values()) == [2] * len(NODES), by_node
+        finally:
+            kubectl(cluster, "delete", "pod", "-n", "default", *names, "--wait=true")
+    print(
+        f"{rounds} rounds of {per_round} GPU pods: all running in "
+        + ", ".join(f"{t:.1f}" for t in took)
+        + " s"
+    )
+
+
+def test_a_tenant_pod_naming_a_gpu_node_or_asking_for_every_gpu_is_refused(
+    cluster: Path,
+) -> None:
+    """The chart's defaults (gpuPlugin.admissionPolicy): a pod of the tenant
+    namespace that names a Slurm GPU node, or asks for `sunk.dev/node-gpus`,
+    is refused when created, naming the rule."""
+    image = summary(cluster)["images"]["sunk/slurm"]
+
+    def refusal(spec: dict[str, object]) -> str:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "skips-slurm", "namespace": "default"},
+            "spec": {"containers": [{"name": "main", "image": image, **spec.pop("c", {})}], **spec},
+        }
+        made = kubectl(cluster, "create", "--dry-run=server", "-f", "-", input=json.dumps(pod))
+        return made.stderr if made.returncode else ""
+
+    said = refusal({"nodeName": "local-2"})
+    assert "spec.nodeName: node local-2 is a Slurm GPU node" in said, said
+    said = refusal({"c": {"resources": {"limits": {"sunk.dev/node-gpus": "1"}}}})
+    assert "sunk.dev/node-gpus (every GPU of a node) goes only to a NodeSet's slurmd pod" in said
+    assert refusal({}) == ""  # placed by Kubernetes' scheduler, asking for no GPU

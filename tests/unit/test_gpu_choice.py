@@ -6,6 +6,7 @@ kubelets). The device files are stand-ins made with mknod: no GPU here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import stat
@@ -34,6 +35,7 @@ from sunk.gpus.proto import deviceplugin_pb2 as dp
 from sunk.gpus.proto import deviceplugin_pb2_grpc as dp_grpc
 from sunk.gpus.proto import pluginregistration_pb2 as reg
 from sunk.gpus.proto import pluginregistration_pb2_grpc as reg_grpc
+from sunk.gpus.run import GpuPluginConfig, GpuPluginMetrics, run_plugin
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 GPU = "nvidia.com/gpu"
@@ -98,6 +100,7 @@ def lightkube_pod(
     owners: list[OwnerReference] | None = None,
     limits: dict[str, str] | None = None,
     deleting: bool = False,
+    started: bool = False,
 ) -> Pod:
     return Pod(
         metadata=ObjectMeta(
@@ -110,7 +113,7 @@ def lightkube_pod(
         spec=PodSpec(
             containers=[Container(name="main", resources=ResourceRequirements(limits=limits or {}))]
         ),
-        status=PodStatus(phase="Pending", conditions=conditions),
+        status=PodStatus(phase="Pending", conditions=conditions, startTime=T0 if started else None),
     )
 
 
@@ -127,6 +130,7 @@ def test_a_pod_as_the_plugin_sees_it() -> None:
     other = PodCondition(type="Ready", status="True", message="2,3")
     assert bound_pod(lightkube_pod([other])).slurm_gpus is None  # type: ignore[union-attr]
     assert bound_pod(lightkube_pod(deleting=True)).terminating  # type: ignore[union-attr]
+    assert bound_pod(lightkube_pod(started=True)).admitted  # type: ignore[union-attr]
 
 
 def ref(api_version: str, kind: str, controller: bool | None = True) -> OwnerReference:
@@ -183,6 +187,8 @@ def test_no_candidate_is_no_preference() -> None:
         placed("running", (0,), phase="Running"),
         placed("deleting", (1,), terminating=True),
         placed("unplaced", None),  # type: ignore[arg-type]
+        # Admitted, its image still pulling: its GPUs are allocated already.
+        placed("admitted", (2,), admitted=True),
     ]
     assert choice.preferred_gpus(pods, ALL4, [], 1) == (None, [])
     assert choice.preferred_gpus([], ALL4, [], 1) == (None, [])
@@ -198,6 +204,7 @@ def test_an_allocation_is_allowed_only_within_one_candidates_gpus() -> None:
     assert choice.gpus_allowed(pods, ["1", "2"]) is None  # across two pods
     assert choice.gpus_allowed([placed("a", (0, 1), phase="Running")], ["0"]) is None
     assert choice.gpus_allowed([placed("a", (0, 1), terminating=True)], ["0"]) is None
+    assert choice.gpus_allowed([placed("a", (0, 1), admitted=True)], ["0"]) is None
     assert choice.gpus_allowed([placed("a", None)], ["0"]) is None  # type: ignore[arg-type]
 
 
@@ -381,3 +388,38 @@ async def test_a_node_without_gpus_gives_the_slurmd_pod_no_cdi_device(served: Se
         dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["all"])])
     )
     assert list(answer.container_responses[0].cdi_devices) == []
+
+
+async def test_no_gpu_is_served_while_the_toolkit_lets_a_container_take_them(
+    tmp_path: Path,
+) -> None:
+    """NVIDIA's toolkit as shipped (its envvar setting left out, so true):
+    the plugin does not register with the kubelet and says so in its metric;
+    once the setting is false it registers."""
+    toolkit = tmp_path / "config.toml"
+    toolkit.write_text('[nvidia-container-cli]\nldconfig = "@/sbin/ldconfig"\n')
+    config = GpuPluginConfig(
+        node="kn-1",
+        slurmd_namespace=SLURM_NS,
+        device_dir=tmp_path / "dev",
+        socket_dir=tmp_path / "plugins",
+        registry_dir=tmp_path / "registry",
+        rescan_seconds=0.05,
+        toolkit_config=toolkit,
+    )
+    metrics = GpuPluginMetrics()
+    registration = SocketDirs(config.socket_dir, config.registry_dir).registration_socket(GPU)
+    task = asyncio.create_task(run_plugin(config, FakePods([]), metrics))
+    try:
+        await asyncio.sleep(0.3)
+        assert not registration.exists()
+        assert metrics.registry.get_sample_value("sunk_gpu_plugin_toolkit_unsafe") == 1
+        toolkit.write_text("accept-nvidia-visible-devices-envvar-when-unprivileged = false\n")
+        async with asyncio.timeout(5):
+            while not registration.exists():
+                await asyncio.sleep(0.05)
+        assert metrics.registry.get_sample_value("sunk_gpu_plugin_toolkit_unsafe") == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -10,9 +10,11 @@ bound to its node at that moment and judges from them:
   job on that node, "0,1"). A status condition because a pod's author can
   write its annotations but not its status (tenants hold no pods/status
   permission), so it cannot be forged. A *candidate* is a pod bound to the
-  node, not terminating, Pending (the kubelet allocates while it admits the
-  pod), with that condition True. The preferred allocation is the oldest
-  candidate's indices (the kubelet admits pods in creation order); an
+  node, not terminating, Pending and not yet admitted (the kubelet allocates
+  while it admits the pod, and sets `status.startTime` only once it has),
+  with that condition True. The scheduler binds one such pod to a node at a
+  time (sunk.scheduler.gpu_binds), so there is one candidate; should there
+  be more, the preferred allocation is the oldest candidate's indices; an
   allocation is allowed only if its device IDs are all the indices of one
   candidate, or a subset of them.
 - `sunk.dev/node-gpus` (one device, "all": every GPU): allowed only to a
@@ -53,6 +55,8 @@ class BoundPod:
     resources: frozenset[str] = frozenset()
     # Its controller ownerReference is a NodeSet (apiVersion sunk.dev/...).
     nodeset_owned: bool = False
+    # The kubelet admitted it (status.startTime): its devices are allocated.
+    admitted: bool = False
 
     @property
     def key(self) -> str:
@@ -108,6 +112,7 @@ def bound_pod(pod: Any) -> BoundPod | None:
         slurm_gpus=condition_gpus((status.conditions if status else None) or []),
         resources=frozenset(resources),
         nodeset_owned=owned,
+        admitted=bool(status and status.startTime),
     )
 
 
@@ -116,9 +121,9 @@ def _pending(pod: BoundPod) -> bool:
 
 
 def gpu_candidates(pods: Iterable[BoundPod]) -> list[BoundPod]:
-    """Pods the GPUs may go to, oldest first: Pending, not terminating, with
-    the scheduler's condition."""
-    found = [pod for pod in pods if _pending(pod) and pod.slurm_gpus]
+    """Pods the GPUs may go to, oldest first: Pending, not admitted, not
+    terminating, with the scheduler's condition."""
+    found = [pod for pod in pods if _pending(pod) and not pod.admitted and pod.slurm_gpus]
     return sorted(found, key=lambda pod: (pod.created, pod.key))
 
 

@@ -3,6 +3,7 @@ plugin serves its own kubelet)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from sunk.gpus.plugin import (
     keep_scanning,
     serving,
 )
+from sunk.gpus.toolkit import CONFIG_PATH, unsafe_settings
 from sunk.kube.client import kube_client
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class GpuPluginConfig:
     registry_dir: Path = REGISTRY_DIR
     kubeconfig: Path | None = None
     rescan_seconds: float = 10.0
+    # NVIDIA's container toolkit config as this process sees it (None: not checked).
+    toolkit_config: Path | None = None
     metrics_port: int | None = None  # None: no /metrics endpoint
 
 
@@ -58,6 +62,12 @@ class GpuPluginMetrics:
             "GPUs found on the node at the last scan.",
             registry=self.registry,
         )
+        self.toolkit_unsafe = Gauge(
+            "sunk_gpu_plugin_toolkit_unsafe",
+            "1 while NVIDIA's container toolkit on the node would hand a container GPUs by "
+            "its own environment or mounts: the plugin serves no GPU until it is fixed.",
+            registry=self.registry,
+        )
         self.serving = Gauge(
             "sunk_gpu_plugin_serving",
             "1 once both resources (the pods' GPUs, the slurmd pod's) are served to the kubelet.",
@@ -65,10 +75,37 @@ class GpuPluginMetrics:
         )
 
 
+async def wait_for_a_safe_toolkit(
+    config: GpuPluginConfig, metrics: GpuPluginMetrics | None = None
+) -> None:
+    """Return once NVIDIA's container toolkit on the node (if any) hands out
+    no GPU by a container's own settings; until then, say why, and look
+    again every rescan."""
+    said: list[str] = []
+    while config.toolkit_config is not None:
+        try:
+            text = config.toolkit_config.read_text()
+        except FileNotFoundError:
+            text = None  # no toolkit on the node: the runtime's CDI alone
+        problems = [] if text is None else unsafe_settings(text, CONFIG_PATH)
+        if metrics is not None:
+            metrics.toolkit_unsafe.set(1 if problems else 0)
+        if not problems:
+            if said:
+                log.info("NVIDIA's container toolkit is safe now: serving the GPUs")
+            return
+        if problems != said:
+            for problem in problems:
+                log.error("serving no GPU: %s", problem)
+            said = problems
+        await asyncio.sleep(config.rescan_seconds)
+
+
 async def run_plugin(
     config: GpuPluginConfig, pods: BoundPods, metrics: GpuPluginMetrics | None = None
 ) -> None:
     """Serve both resources to the node's kubelet until cancelled."""
+    await wait_for_a_safe_toolkit(config, metrics)
     inventory = GpuInventory(config.device_dir)
     inventory.scan()
     if metrics is not None:

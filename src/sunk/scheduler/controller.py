@@ -74,6 +74,7 @@ from sunk.scheduler.decide import (
     pod_annotations,
     terminal,
 )
+from sunk.scheduler.gpu_binds import awaiting_admission, blocking
 from sunk.scheduler.jobs import IDS_KEPT, CancelsSent, JobIndex, RecentIds
 from sunk.scheduler.metrics import SchedulerMetrics
 from sunk.scheduler.pod_writes import (
@@ -125,6 +126,11 @@ UNSEEN_WAIT = 5.0
 # A job this process cancelled that the view still shows running is cancelled
 # again only this late (the view shows the cancel within seconds).
 CANCEL_RESEND = 10.0
+# A GPU pod waiting for the kubelet to admit the one bound before it on its
+# node is looked at again this late, if the admission's pod event missed it.
+GPU_BIND_RETRY = 1.0
+# The informer's index of the scheduler's pods by node.
+BY_NODE = "node"
 
 
 # What `_job_of` returns for a job just submitted that the view has not polled yet.
@@ -133,6 +139,10 @@ NOT_SEEN_YET = Job(job_id=0, job_state=("PENDING",), state_reason="not polled ye
 
 def _pod_uid(pod: Pod) -> str:
     return (pod.metadata.uid if pod.metadata else None) or ""
+
+
+def _node_of(pod: Pod) -> list[str]:
+    return [pod.spec.nodeName] if pod.spec and pod.spec.nodeName else []
 
 
 def _pod_name(pod: Pod) -> str:
@@ -213,6 +223,14 @@ class Scheduler:
         # the bind must not bind the pod again (a second Binding only gets a 409).
         self._assumed: dict[str, str] = {}
         self._cancelled = CancelsSent(CANCEL_RESEND)
+        # GPU pods go to a node one at a time (gpu_binds): per node, a lock
+        # over the check and the bind; the GPU pods bound by this process that
+        # the informer does not show bound yet (uid → node, name); the keys
+        # waiting for the pod before theirs to be admitted.
+        self._pods.add_index(BY_NODE, _node_of)
+        self._gpu_locks: dict[str, asyncio.Lock] = {}
+        self._gpu_binding: dict[str, tuple[str, str]] = {}
+        self._gpu_waiters: dict[str, set[str]] = {}
         self._workloads = WorkloadSizes(kube)
 
     # -- indexes and wake-ups -------------------------------------------------------
@@ -224,6 +242,11 @@ class Scheduler:
         uid = _pod_uid(event.obj)
         if event.new is None or bound(event.new):
             self._assumed.pop(uid, None)
+            self._gpu_binding.pop(uid, None)
+        node = event.obj.spec.nodeName if event.obj.spec else None
+        if node in self._gpu_waiters and (event.new is None or not awaiting_admission(event.new)):
+            for key in self._gpu_waiters.pop(node, ()):
+                self.urgent.add(key)
         if event.new is None or deleting(event.new):
             self._first_seen.pop(uid, None)
         elif not bound(event.new):  # popped by the bind (its event may come first)
@@ -402,7 +425,8 @@ class Scheduler:
                     await self._evict(evicted, job_id, job, why)
                 case Bind(pods=unbound):
                     assert job is not None  # a running job's pods are bound
-                    await self._bind(key, unbound, job_id, job)
+                    if (wait := await self._bind(key, unbound, job_id, job)) is not None:
+                        result = Result(requeue_after=wait)
                 case Submit(pods=waiting, gang=gang):
                     result = await self._submit(key, waiting, gang)
                 case Pending(pods=waiting, message=message, job_id=pending_job):
@@ -474,9 +498,10 @@ class Scheduler:
         # tolerations are written) and the pods are bound now, not a view poll
         # later; never before their tolerations are in.
         _, job = await asyncio.gather(tolerated, self._read_placed(placed.job_id))
-        if job is not None and job.state == "RUNNING" and not job.preempt_time:
-            await self._bind(key, pods, placed.job_id, job)
-        return None
+        if job is None or job.state != "RUNNING" or job.preempt_time:
+            return None
+        wait = await self._bind(key, pods, placed.job_id, job)
+        return None if wait is None else Result(requeue_after=wait)
 
     async def _read_placed(self, job_id: int) -> Job | None:
         try:
@@ -525,7 +550,11 @@ class Scheduler:
                 return pod.spec.nodeName if pod.spec else None
         return None
 
-    async def _bind(self, key: str, pods: Sequence[Pod], job_id: int | None, job: Job) -> None:
+    async def _bind(
+        self, key: str, pods: Sequence[Pod], job_id: int | None, job: Job
+    ) -> float | None:
+        """Bind the pods to their job's nodes; seconds until the key is to be
+        looked at again if some wait for a GPU pod's admission."""
         slurm_nodes = expand(job.nodes)
         targets = [self._kube_node(name) for name in slurm_nodes]
         if None in targets or len(targets) < len(pods):
@@ -535,31 +564,57 @@ class Scheduler:
                 f"Slurm job {job_id} runs on {job.nodes}, not a NodeSet "
                 f"node with a Kubernetes node: {', '.join(missing)}",
             )
-            return
+            return None
         taken = {p.spec.nodeName for p in self._members(key) if p.spec and p.spec.nodeName}
         free = [(s, t) for s, t in zip(slurm_nodes, targets, strict=True) if t not in taken]
         gpus = job.gpu_indices()
+        chosen = list(zip(pods, free, strict=False))
         results = await asyncio.gather(
             *(
                 self._bind_one(pod, node, job_id, gpus.get(slurm_node, ()))
-                for pod, (slurm_node, node) in zip(pods, free, strict=False)
+                for pod, (slurm_node, node) in chosen
             ),
             return_exceptions=True,
         )
-        for result in results:
+        waiting = False
+        for (pod, (_, node)), result in zip(chosen, results, strict=True):
             if isinstance(result, BaseException):
                 raise result
+            if result:
+                waiting = True
+                self._gpu_waiters.setdefault(node or "", set()).add(key)
+                await self._pending(
+                    [pod],
+                    f"Slurm job {job_id} runs on {node}; the pod waits for the kubelet to "
+                    f"admit {', '.join(result)} there first (GPU pods are bound to a node "
+                    "one at a time)",
+                )
+        return GPU_BIND_RETRY if waiting else None
 
     async def _bind_one(
         self, pod: Pod, node: str | None, job_id: int | None, gpus: tuple[int, ...]
-    ) -> None:
+    ) -> list[str]:
+        """Bind the pod; with GPUs, only once no GPU pod bound to the node
+        before it awaits admission: else nothing, and the names of those pods."""
         assert pod.metadata is not None
         assert node is not None
-        if gpus:
+        if not gpus:
+            await self._bind_now(pod, node, job_id)
+            return []
+        async with self._gpu_locks.setdefault(node, asyncio.Lock()):
+            binding = [name for n, name in self._gpu_binding.values() if n == node]
+            if waiting := blocking(self._pods.by_index(BY_NODE, node), binding):
+                return waiting
             # Before the bind: the kubelet admits the pod (and asks the device
             # plugin for its GPUs) as soon as it is bound.
             now = datetime.datetime.now(datetime.UTC)
             await self._patch_pod(pod, slurm_gpus_patch(gpus, now), status=True)
+            await self._bind_now(pod, node, job_id)
+            self._gpu_binding[_pod_uid(pod)] = (node, _pod_name(pod))
+        return []
+
+    async def _bind_now(self, pod: Pod, node: str, job_id: int | None) -> None:
+        assert pod.metadata is not None
         await bind_pod(
             self._kube,
             pod.metadata.namespace or "default",
