@@ -39,7 +39,7 @@ from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 
 from plugins.nodes import RealNodes
 from plugins.slurm_pods import SlurmBed, create, set_capacity, slurm_bed, wait_for
-from sunk.api import CONDITION_SLURM_GPUS
+from sunk.api import CONDITION_SLURM_GPUS, GPU_RESOURCE
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.decide import STOP_MARGIN
 from sunk.scheduler.metrics import SchedulerMetrics
@@ -52,7 +52,6 @@ from sunk.scheduler.request import (
     ANNOTATION_USER_ID,
     GANG_NAME,
     GANG_SIZE,
-    GPU_RESOURCE,
     SCHEDULER_NAME,
     Options,
 )

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
+from sunk.api import GPU_PRODUCT_LABEL
 from sunk.scheduler.decide import STOP_MARGIN, time_to_stop
 from sunk.scheduler.jobs import refused_allocation
 from sunk.scheduler.request import (
@@ -19,7 +20,6 @@ from sunk.scheduler.request import (
     ANNOTATION_TIME_LIMIT,
     GANG_NAME,
     GANG_SIZE,
-    GPU_PRODUCT_LABEL,
     JOB_COMPLETION_INDEX,
     JOBSET_NAME,
     LWS_GROUP_INDEX,

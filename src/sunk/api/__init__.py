@@ -19,3 +19,8 @@ CONDITION_SLURM_GPUS = f"{DOMAIN}/SlurmGPUs"
 # The extended resource sunk's GPU device plugin serves to a node's slurmd pod:
 # one device that is every GPU of the node (Slurm then gives each job its own).
 RESOURCE_NODE_GPUS = f"{DOMAIN}/node-gpus"
+# The extended resource a pod asks for, one device per GPU (NVIDIA's name).
+GPU_RESOURCE = "nvidia.com/gpu"
+# NVIDIA's GPU feature discovery labels a node with its GPUs' product name:
+# a NodeSet's GRES type and a pod's GPU type (`sunk.dev/gpu-type`) come from it.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from sunk.api import RESOURCE_NODE_GPUS
+from sunk.api import GPU_RESOURCE, RESOURCE_NODE_GPUS
 from sunk.gpus.plugin import (
     BoundPods,
     GpuInventory,
@@ -27,7 +27,6 @@ from sunk.kube.client import kube_client
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
 SOCKET_DIR = Path("/var/lib/kubelet/plugins/sunk.dev")
 REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 

@@ -28,6 +28,8 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.utils.quantity import parse_quantity
 
 from sunk.api import (
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
     LABEL_NODE,
     LABEL_NODESET,
     LABEL_TEMPLATE_HASH,
@@ -36,9 +38,6 @@ from sunk.api import (
 )
 from sunk.api import nodeset as api
 from sunk.kube.resources import pod_request
-
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 # As the DaemonSet controller does: a node's own trouble must not evict the
 # pod that reports it to Slurm, and a cordon is Slurm's business (the syncer

@@ -16,15 +16,13 @@ from dataclasses import dataclass, field
 
 from lightkube.resources.core_v1 import Pod
 
-from sunk.api import DOMAIN
+from sunk.api import DOMAIN, GPU_PRODUCT_LABEL, GPU_RESOURCE
 from sunk.kube.resources import pod_request
 from sunk.scheduler.seal import JobSeal
 from sunk.scheduler.tenancy import MIN_ID, Tenancy
 from sunk.slurm.models import JobSpec
 
 SCHEDULER_NAME = "sunk-scheduler"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 # Written by the scheduler.
 ANNOTATION_JOB_ID = f"{DOMAIN}/slurm-job-id"
