@@ -158,8 +158,9 @@ def test_the_gpu_plugin_mounts_only_the_kubelet_directories_it_writes_sockets_in
     """The plugin registers through the kubelet's plugin watcher and serves
     its sockets below plugins/: those two directories are all it mounts of
     the kubelet's (not the root, with every pod's volumes, nor device-plugins/,
-    the kubelet's own socket and its checkpoint), and the device directory
-    read-only. `{node}` (a bed whose kubelets share a host) mounts the same
+    the kubelet's own socket and its checkpoint), and, read-only, the device
+    directory and NVIDIA's toolkit config directory (checked, never written).
+    `{node}` (a bed whose kubelets share a host) mounts the same
     two below each node's root."""
     docs = render(
         helm, "sunk-cluster", "--set=gpuPlugin.enabled=true",
@@ -178,6 +179,7 @@ def test_the_gpu_plugin_mounts_only_the_kubelet_directories_it_writes_sockets_in
         "/kubelet/plugins_registry": (f"{prefix}/plugins_registry", False),
         "/kubelet/plugins/sunk.dev": (f"{prefix}/plugins/sunk.dev", False),
         "/node-dev": ("/dev", True),
+        "/toolkit": ("/etc/nvidia-container-runtime", True),
     }
     flags = container["command"]
     assert "--registry-dir=/kubelet/plugins_registry" in flags
