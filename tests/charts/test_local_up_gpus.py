@@ -67,10 +67,14 @@ def indices(expr: str) -> set[int]:
     return found
 
 
+# A job's GPUs on a node in `scontrol -d show job`: "GRES=gpu:2(IDX:0-1)".
+GPU_INDICES = re.compile(r"GRES=gpu[^ ]*\(IDX:([0-9,-]+)\)")
+
+
 def job_gpus(cluster: Path, job: str) -> set[int]:
     """The GPU indices `scontrol show job -d` lists for a one-node job."""
     out = ssh(cluster, f"scontrol -d -o show job {job}")
-    found = re.findall(r"GRES=gpu[^ ]*\(IDX:([0-9,-]+)\)", out)
+    found = GPU_INDICES.findall(out)
     assert len(found) == 1, out
     return indices(found[0])
 
@@ -227,7 +231,7 @@ def all_job_gpus(cluster: Path) -> dict[str, set[int]]:
     found = {}
     for line in ssh(cluster, "scontrol -d -o show job").splitlines():
         job = re.search(r"\bJobId=(\d+)", line)
-        gres = re.findall(r"GRES=gpu[^ ]*\(IDX:([0-9,-]+)\)", line)
+        gres = GPU_INDICES.findall(line)
         if job and len(gres) == 1:
             found[job.group(1)] = indices(gres[0])
     return found

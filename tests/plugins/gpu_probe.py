@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sunk_testbed.gpus import CONTROL_NODES
+
 # A shell script (the images have sh and python3): each NVIDIA device node,
 # each driver file a CDI spec mounts, CUDA's device count through ctypes,
 # nvidia-smi's GPUs, and the environment's NVIDIA_VISIBLE_DEVICES.
@@ -71,16 +73,7 @@ def read_probe(lines: Iterable[str]) -> Received:
 
 
 # The control nodes every GPU container gets (the spec's common edits).
-CONTROL = frozenset(
-    {
-        "/dev/nvidiactl",
-        "/dev/nvidia-modeset",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
-        "/dev/nvidia-caps/nvidia-cap1",
-        "/dev/nvidia-caps/nvidia-cap2",
-    }
-)
+CONTROL = frozenset(f"/dev/{name}" for name in CONTROL_NODES)
 
 
 def gpu_nodes(indices: Iterable[int]) -> frozenset[str]:

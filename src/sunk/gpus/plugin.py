@@ -31,6 +31,7 @@ from lightkube.resources.core_v1 import Pod
 from sunk.gpus import choice
 from sunk.gpus.choice import ALL_GPUS, BoundPod
 from sunk.gpus.devices import find_gpus
+from sunk.gpus.inventory import KIND as NVIDIA_CDI_KIND
 from sunk.gpus.proto import deviceplugin_pb2 as dp
 from sunk.gpus.proto import deviceplugin_pb2_grpc as dp_grpc
 from sunk.gpus.proto import pluginregistration_pb2 as reg
@@ -41,9 +42,6 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-# The CDI kind of NVIDIA's spec (`nvidia-ctk cdi generate`): devices named by
-# GPU index, and `all`.
-CDI_KIND = "nvidia.com/gpu"
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -114,11 +112,12 @@ async def keep_scanning(inventory: GpuInventory, every: float) -> None:
 
 
 def cdi_devices(names: Iterable[object]) -> list[dp.CDIDevice]:
-    """What a container gets: the node's CDI devices `nvidia.com/gpu=<name>`.
+    """What a container gets: the node's CDI devices `nvidia.com/gpu=<name>`
+    (the kind of NVIDIA's spec, whose devices are named by GPU index, and `all`).
     The runtime applies the spec's edits for them (device nodes, driver
     libraries, tools) and refuses to start a container whose device the
     node's spec does not name: no GPU reaches a pod by any other way."""
-    return [dp.CDIDevice(name=f"{CDI_KIND}={name}") for name in names]
+    return [dp.CDIDevice(name=f"{NVIDIA_CDI_KIND}={name}") for name in names]
 
 
 class _Plugin(dp_grpc.DevicePluginServicer):

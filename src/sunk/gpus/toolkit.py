@@ -25,8 +25,9 @@ import tomllib
 CONFIG_PATH = "/etc/nvidia-container-runtime/config.toml"
 ENVVAR = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 VOLUME_MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"
-# The toolkit's own defaults for a setting the file leaves out.
-DEFAULTS = {ENVVAR: True, VOLUME_MOUNTS: False}
+# Each setting: the toolkit's own default where the file leaves it out, and
+# what of a container's own it then takes GPUs from.
+SETTINGS = {ENVVAR: (True, "environment"), VOLUME_MOUNTS: (False, "volume mounts")}
 
 
 def unsafe_settings(text: str, path: str = CONFIG_PATH) -> list[str]:
@@ -39,13 +40,12 @@ def unsafe_settings(text: str, path: str = CONFIG_PATH) -> list[str]:
     except tomllib.TOMLDecodeError as error:
         return [f"{path}: not TOML ({error}); the toolkit's default {ENVVAR} = true applies"]
     problems = []
-    for setting, default in DEFAULTS.items():
+    for setting, (default, source) in SETTINGS.items():
         value = config.get(setting, default)
         if value is not False:
             said = "not set, so true" if setting not in config else f"{value!r}"
             problems.append(
-                f"{path}: {setting} is {said}: a container's own "
-                f"{'environment' if setting == ENVVAR else 'volume mounts'} would get it "
+                f"{path}: {setting} is {said}: a container's own {source} would get it "
                 f"every GPU it names; set `{setting} = false`"
             )
     return problems
