@@ -393,6 +393,13 @@ def gpu_plugin(
             "it lets a container take GPUs by its own environment or mounts (missing: no toolkit)."
         ),
     ] = None,
+    cdi_spec_dir: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A directory of the node's CDI specs as mounted here (repeat for each): their "
+            "edits for the GPUs go to sunk's container steps."
+        ),
+    ] = None,
     metrics_port: MetricsPortOption = 9090,
     verbose: VerboseOption = False,
 ) -> None:
@@ -414,6 +421,7 @@ def gpu_plugin(
                 kubeconfig=kubeconfig,
                 rescan_seconds=rescan,
                 toolkit_config=toolkit_config,
+                cdi_spec_dirs=tuple(cdi_spec_dir or ()),
                 metrics_port=metrics_port or None,
             )
         )

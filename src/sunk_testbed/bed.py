@@ -261,12 +261,13 @@ class Bed:
                     }
                 ],
                 # On, as on GPU nodes: the stand-in devices (no GPU here),
-                # each kubelet's own root directory (they share one host), and
-                # no NVIDIA toolkit (the host's /etc is no node's).
+                # each kubelet's own root and CDI spec directories (they share
+                # one host), and no NVIDIA toolkit (the host's /etc is no node's).
                 gpu_plugin={
                     "deviceDir": str(devices),
                     "toolkitConfigDir": str(self.state_dir / "nvidia-container-runtime"),
                     "kubeletRootDir": f"{node_bed.group.dir}/{{node}}/kubelet",
+                    "cdiSpecDirs": [f"{node_bed.group.dir}/{{node}}/cdi"],
                 },
                 slurmd_pods=slurmd_pods,
             ),

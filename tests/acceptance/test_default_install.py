@@ -129,9 +129,10 @@ OVERRIDES = {
         "that registry (the default names ghcr.io's)",
         "scheduler.tenants": "which namespaces the scheduler serves, as whom (the "
         "serving account, QOS inference)",
-        "gpuPlugin.enabled, deviceDir, kubeletRootDir, toolkitConfigDir": "GPU nodes run "
-        "sunk's GPU plugin; the bed's stand-in device files, per-node kubelet roots, and "
-        "no NVIDIA toolkit (the nodes share this machine, whose /etc is no node's)",
+        "gpuPlugin.enabled, deviceDir, kubeletRootDir, toolkitConfigDir, cdiSpecDirs": "GPU "
+        "nodes run sunk's GPU plugin; the bed's stand-in device files, per-node kubelet roots "
+        "and CDI spec directories, and no NVIDIA toolkit (the nodes share this machine, whose "
+        "/etc is no node's)",
     },
 }
 
@@ -204,6 +205,7 @@ def cluster_values(nodes: RealNodes, gpus: Path) -> dict[str, Any]:
             "deviceDir": str(gpus),
             "kubeletRootDir": f"{nodes.group.dir}/{{node}}/kubelet",
             "toolkitConfigDir": str(gpus.parent / "nvidia-container-runtime"),
+            "cdiSpecDirs": [f"{nodes.group.dir}/{{node}}/cdi"],
         },
     }
 

@@ -159,9 +159,10 @@ def test_the_gpu_plugin_mounts_only_the_kubelet_directories_it_writes_sockets_in
     its sockets below plugins/: those two directories are all it mounts of
     the kubelet's (not the root, with every pod's volumes, nor device-plugins/,
     the kubelet's own socket and its checkpoint), and, read-only, the device
-    directory and NVIDIA's toolkit config directory (checked, never written).
+    directory, NVIDIA's toolkit config directory (checked, never written) and
+    the node's CDI spec directories (read for container steps).
     `{node}` (a bed whose kubelets share a host) mounts the same
-    two below each node's root."""
+    two below each node's root, and its CDI directory below it too."""
     docs = render(
         helm, "sunk-cluster", "--set=gpuPlugin.enabled=true",
         f"--set=gpuPlugin.kubeletRootDir={root}",
@@ -180,8 +181,25 @@ def test_the_gpu_plugin_mounts_only_the_kubelet_directories_it_writes_sockets_in
         "/kubelet/plugins/sunk.dev": (f"{prefix}/plugins/sunk.dev", False),
         "/node-dev": ("/dev", True),
         "/toolkit": ("/etc/nvidia-container-runtime", True),
+        "/cdi/0": ("/etc/cdi", True),
+        "/cdi/1": ("/var/run/cdi", True),
     }
     flags = container["command"]
+    assert [f for f in flags if f.startswith("--cdi-spec-dir=")] == [
+        "--cdi-spec-dir=/cdi/0",
+        "--cdi-spec-dir=/cdi/1",
+    ]
+    per_node = render(
+        helm, "sunk-cluster", "--set=gpuPlugin.enabled=true",
+        "--set=gpuPlugin.cdiSpecDirs[0]=/nodes/{node}/cdi",
+    )  # fmt: skip
+    spec = pod_spec(per_node, "rel-gpu-plugin")
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    [cdi] = [m for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] == "/cdi/0"]
+    assert (volumes[cdi["name"]], cdi["subPathExpr"]) == (
+        {"path": "/nodes", "type": "Directory"},
+        "$(NODE_NAME)/cdi",
+    )
     assert "--registry-dir=/kubelet/plugins_registry" in flags
     assert "--socket-dir=/kubelet/plugins/sunk.dev" in flags
     assert f"--host-socket-dir={prefix}/plugins/sunk.dev" in flags

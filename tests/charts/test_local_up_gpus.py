@@ -221,6 +221,48 @@ def test_a_pod_placed_by_the_scheduler_gets_exactly_its_jobs_gpus(cluster: Path)
         )
 
 
+def test_a_container_step_holds_exactly_its_gpus_and_the_driver_or_none(cluster: Path) -> None:
+    """Container steps (docs/containers.md) in the bed's test image (BusyBox:
+    no NVIDIA file of its own). A batch job holds two of a node's GPUs; a
+    step of it sees exactly those two device nodes, the control nodes and the
+    stand-in driver library and nvidia-smi; a new job's `--gres=gpu:1` step
+    sees one GPU, not the batch job's; a job without GPUs sees no NVIDIA
+    device and no driver file, even with NVIDIA_VISIBLE_DEVICES=all and
+    CUDA_VISIBLE_DEVICES in its environment."""
+    image = summary(cluster)["images"]["sunk/container-test"]
+    node = "compute-local-1"
+    probe_in = f"--container-image={image} sh -c {shlex.quote(CONTAINER_PROBE)}"
+    batch = ssh(
+        cluster, f"sbatch --parsable -w {node} --gres=gpu:2 -t 5 --wrap 'sleep 300'"
+    ).strip()
+    try:
+        wait_running(cluster, batch)
+        held = job_gpus(cluster, batch)
+        out = ssh(cluster, f"srun --jobid={batch} --overlap {probe_in}")
+        seen = read_probe(out.splitlines())
+        assert seen.devices == gpu_nodes(held), out
+        assert "/usr/bin/nvidia-smi" in seen.files, out
+        assert any(f.endswith("/libcuda.so.1") for f in seen.files), out
+        assert len(seen.smi) == 2, out
+
+        out = ssh(cluster, f"srun -w {node} --gres=gpu:1 -t 1 {probe_in}")
+        seen = read_probe(out.splitlines())
+        assert len(seen.gpus) == 1, out
+        assert not seen.gpus & held, out
+        assert seen.devices == gpu_nodes(seen.gpus), out
+        assert any(f.endswith("/libcuda.so.1") for f in seen.files), out
+
+        out = ssh(
+            cluster,
+            "NVIDIA_VISIBLE_DEVICES=all CUDA_VISIBLE_DEVICES=0,1,2,3 "
+            f"srun -w {node} -t 1 {probe_in}",
+        )
+        seen = read_probe(out.splitlines())
+        assert (seen.devices, seen.files, seen.env) == (frozenset(), frozenset(), "all"), out
+    finally:
+        ssh(cluster, f"scancel {batch}")
+
+
 # Pairs of GPU pods the pairs test makes; 50 when asked (SUNK_GPU_PAIRS=50),
 # a few rounds by default to keep the suite's time.
 PAIRS = int(os.environ.get("SUNK_GPU_PAIRS", "6"))

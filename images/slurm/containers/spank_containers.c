@@ -15,7 +15,8 @@
  *                        container, <cache>/jobs/<job>/<name>.
  *   task_init_privileged in each task, before Slurm drops to the user and looks up
  *                        the command: a mount namespace of its own, a /proc of its own
- *                        (hidepid=invisible), the node's /sys, /dev, /tmp, Slurm's spool,
+ *                        (hidepid=invisible), a /dev of its own with the step's devices
+ *                        only, the node's /sys, /tmp, Slurm's spool,
  *                        /etc/hosts and friends, the user's passwd entry and the user's
  *                        --container-mounts cloned (open_tree) from the node, pivot_root
  *                        into the step's root, the clones attached inside (move_mount:
@@ -63,6 +64,8 @@ SPANK_PLUGIN(containers, 1);
 
 #define LOG_PREFIX "containers: "
 #define MAX_MOUNTS 64
+/* /dev's own tree, the mounts on it and the GPU driver files */
+#define MAX_DEV_TREES 160
 
 struct user_mount {
 	char src[PATH_MAX];
@@ -88,6 +91,7 @@ static struct {
 	char cache[CONFIG_PATH_MAX];
 	char fetcher[CONFIG_PATH_MAX];
 	char spool[CONFIG_PATH_MAX];
+	char gpu_edits[CONFIG_PATH_MAX];
 	int mount_home;
 } config;
 
@@ -284,6 +288,7 @@ static int parse_config(int ac, char **av)
 	snprintf(config.cache, sizeof(config.cache), "/var/lib/sunk-containers");
 	snprintf(config.fetcher, sizeof(config.fetcher), "/usr/lib/sunk/container-fetch");
 	snprintf(config.spool, sizeof(config.spool), "/var/spool/slurmd");
+	snprintf(config.gpu_edits, sizeof(config.gpu_edits), "/run/sunk/gpu-edits");
 	config.mount_home = 0; /* enroot's default: ENROOT_MOUNT_HOME=no */
 	for (int i = 0; i < ac; i++) {
 		const char *v = strchr(av[i], '=');
@@ -300,6 +305,8 @@ static int parse_config(int ac, char **av)
 			target = config.fetcher;
 		else if (!strncmp(av[i], "spool=", 6))
 			target = config.spool;
+		else if (!strncmp(av[i], "gpu_edits=", 10))
+			target = config.gpu_edits;
 		else if (!strncmp(av[i], "mount_home=", 11)) {
 			if ((config.mount_home = parse_bool(v)) < 0) {
 				slurm_error(LOG_PREFIX "plugstack.conf: mount_home=%s is not yes/no", v);
@@ -948,6 +955,347 @@ static int new_proc(struct tree *t)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ the container's /dev */
+
+/*
+ * The container's /dev is a tmpfs of its own, made from the slurmd container's
+ * /dev: each device node the step may use made again (mknod) with its owner and
+ * mode, each link made again, each mount on it (pts, shm, mqueue, ...) cloned.
+ * Which devices the step may use is its device cgroup's answer (Slurm's
+ * ConstrainDevices puts slurmstepd in the step's cgroup before the tasks fork),
+ * so a GPU the step was not allocated is simply not there: the container sees
+ * exactly the GPUs of the step's allocation, whatever its environment says.
+ *
+ * The node's CDI edits for its GPUs (sunk's GPU plugin resolves the node's CDI
+ * specs for the slurmd pod, and the pod's start writes them to config.gpu_edits,
+ * root's), one per line:
+ *   gpu PATH        a GPU's device node, under /dev
+ *   node PATH       a device node every GPU process opens (nvidiactl, nvidia-uvm, ...)
+ *   mount PATH      a driver file (libcuda, nvidia-smi, ...), at the same path
+ *   env NAME=VALUE
+ * The nodes, mounts and environment come with the GPUs: a step that holds at
+ * least one GPU gets them all, a step that holds none gets none of them.
+ */
+#define EDIT_PATH_MAX 512
+#define MAX_EDITS 128
+
+static struct {
+	char gpu[MAX_EDITS][EDIT_PATH_MAX];
+	size_t gpu_len;
+	char node[MAX_EDITS][EDIT_PATH_MAX];
+	size_t node_len;
+	char mount[MAX_EDITS][EDIT_PATH_MAX];
+	size_t mount_len;
+	char env[MAX_EDITS][EDIT_PATH_MAX];
+	size_t env_len;
+	int present; /* the file exists: the GPU plugin resolved the node's CDI specs */
+} gpu_edits;
+
+static int add_edit(char list[][EDIT_PATH_MAX], size_t *len, const char *value, int is_path)
+{
+	if (*len >= MAX_EDITS || strlen(value) >= EDIT_PATH_MAX || (is_path && value[0] != '/') ||
+	    (!is_path && (!strchr(value, '=') || value[0] == '=')))
+		return -1;
+	snprintf(list[(*len)++], EDIT_PATH_MAX, "%s", value);
+	return 0;
+}
+
+/* config.gpu_edits, root's (the pod's start writes it; nothing a user can write). */
+static int read_gpu_edits(void)
+{
+	char line[EDIT_PATH_MAX + 16];
+	struct stat st;
+	FILE *f;
+	int fd, lineno = 0;
+
+	memset(&gpu_edits, 0, sizeof(gpu_edits));
+	fd = open2(AT_FDCWD, config.gpu_edits, O_RDONLY | O_NONBLOCK, 0,
+		   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+	if (fd < 0 && errno == ENOENT)
+		return 0;
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
+	    (st.st_mode & 022) || !(f = fdopen(fd, "r"))) {
+		slurm_error(LOG_PREFIX "%s: not a file only root can write: container steps are "
+			    "refused on this node", config.gpu_edits);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	gpu_edits.present = 1;
+	while (fgets(line, sizeof(line), f)) {
+		char *value = strchr(line, ' ');
+		int rc = -1;
+
+		lineno++;
+		line[strcspn(line, "\n")] = '\0';
+		if (!line[0])
+			continue;
+		if (value) {
+			*value++ = '\0';
+			if (!strcmp(line, "gpu"))
+				rc = add_edit(gpu_edits.gpu, &gpu_edits.gpu_len, value, 1);
+			else if (!strcmp(line, "node"))
+				rc = add_edit(gpu_edits.node, &gpu_edits.node_len, value, 1);
+			else if (!strcmp(line, "mount"))
+				rc = add_edit(gpu_edits.mount, &gpu_edits.mount_len, value, 1);
+			else if (!strcmp(line, "env"))
+				rc = add_edit(gpu_edits.env, &gpu_edits.env_len, value, 0);
+		}
+		if (rc < 0) {
+			fclose(f);
+			slurm_error(LOG_PREFIX "%s line %d: not one of gpu PATH, node PATH, mount PATH, "
+				    "env NAME=VALUE: container steps are refused on this node",
+				    config.gpu_edits, lineno);
+			return -1;
+		}
+	}
+	fclose(f);
+	return 0;
+}
+
+static int listed(char list[][EDIT_PATH_MAX], size_t len, const char *path)
+{
+	for (size_t i = 0; i < len; i++)
+		if (!strcmp(list[i], path))
+			return 1;
+	return 0;
+}
+
+/*
+ * Whether the step's device cgroup lets it read or write the device node at
+ * path: the kernel asks the device cgroup (v1's list, v2's BPF program) in
+ * every permission check of a device node, access(2) included, and answers
+ * EPERM for a device it denies. Nothing is opened (opening a GPU's node wakes
+ * its driver). Making a node is no test: runc allows mknod of any device.
+ */
+static int step_may_use(const char *path)
+{
+	if (faccessat(AT_FDCWD, path, R_OK, 0) == 0 || errno != EPERM)
+		return 1;
+	return faccessat(AT_FDCWD, path, W_OK, 0) == 0 || errno != EPERM;
+}
+
+/* The node's device node `path` (st), made again at dst_dir/name, if the step may use it. */
+static int copy_node(int dst_dir, const char *name, const struct stat *st, const char *path,
+		     int *made)
+{
+	*made = 0;
+	if (!step_may_use(path)) {
+		slurm_debug(LOG_PREFIX "%s is not the step's: left out of the container", path);
+		return 0;
+	}
+	if (mknodat(dst_dir, name, st->st_mode & (S_IFMT | 0777), st->st_rdev) < 0) {
+		slurm_error(LOG_PREFIX "cannot make %s in the container: %s", path, strerror(errno));
+		return -1;
+	}
+	if (fchownat(dst_dir, name, st->st_uid, st->st_gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    fchmodat(dst_dir, name, st->st_mode & 07777, 0) < 0) {
+		slurm_error(LOG_PREFIX "cannot set the owner and mode of %s in the container: %s", path,
+			    strerror(errno));
+		return -1;
+	}
+	*made = 1;
+	return 0;
+}
+
+struct dev_copy {
+	dev_t devfs;          /* the node's /dev: entries on another file system are mounts */
+	struct tree *trees;   /* where the mounts on it go, to attach after pivot_root */
+	size_t *n, max;
+	int gpus;             /* GPU device nodes made */
+};
+
+/* The node's /dev/<rel> (a directory) into the new /dev's dst (the same place), depth levels deep. */
+static int copy_dev(struct dev_copy *c, int src, int dst, const char *rel, int depth)
+{
+	DIR *d;
+	struct dirent *e;
+	int rc = 0, fd = dup(src);
+
+	if (fd < 0 || !(d = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		slurm_error(LOG_PREFIX "cannot read /dev%s: %s", rel, strerror(errno));
+		return -1;
+	}
+	while (rc == 0 && (e = readdir(d))) {
+		char path[PATH_MAX], target[PATH_MAX];
+		struct stat st;
+		ssize_t len;
+		int made;
+
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(path, sizeof(path), "/dev%s/%s", rel, e->d_name);
+		if (fstatat(src, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue; /* gone meanwhile */
+		if (S_ISLNK(st.st_mode)) {
+			len = readlinkat(src, e->d_name, target, sizeof(target) - 1);
+			if (len < 0)
+				continue;
+			target[len] = '\0';
+			if (symlinkat(target, dst, e->d_name) < 0) {
+				slurm_error(LOG_PREFIX "cannot make %s in the container: %s", path,
+					    strerror(errno));
+				rc = -1;
+			}
+		} else if (st.st_dev != c->devfs) {
+			/* A mount on /dev (pts, shm, mqueue, a file the kubelet binds): cloned. */
+			struct tree *t = &c->trees[*c->n];
+			struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID};
+			int made_target;
+
+			if (*c->n >= c->max) {
+				slurm_error(LOG_PREFIX "too many mounts on /dev to give the container");
+				rc = -1;
+				break;
+			}
+			if (S_ISDIR(st.st_mode))
+				made_target = mkdirat(dst, e->d_name, st.st_mode & 07777);
+			else
+				made_target = mknodat(dst, e->d_name, S_IFREG | 0644, 0);
+			t->fd = (int)syscall(SYS_open_tree, src, e->d_name,
+					     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE |
+						     AT_SYMLINK_NOFOLLOW);
+					if (made_target < 0 || t->fd < 0 ||
+			    syscall(SYS_mount_setattr, t->fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+				    sizeof(attr)) < 0) {
+				slurm_error(LOG_PREFIX "cannot mount %s in the container: %s", path,
+					    strerror(errno));
+				close_fd(&t->fd);
+				rc = -1;
+				break;
+			}
+			snprintf(t->dst, sizeof(t->dst), "%s", path);
+			t->is_dir = S_ISDIR(st.st_mode);
+			t->optional = 0;
+			(*c->n)++;
+		} else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
+			/* The GPUs' common nodes come later, and only with a GPU. */
+			if (gpu_edits.present && listed(gpu_edits.node, gpu_edits.node_len, path))
+				continue;
+			rc = copy_node(dst, e->d_name, &st, path, &made);
+			if (made && listed(gpu_edits.gpu, gpu_edits.gpu_len, path))
+				c->gpus++;
+		} else if (S_ISDIR(st.st_mode) && depth > 0) {
+			char sub[PATH_MAX];
+			int s, t;
+
+			snprintf(sub, sizeof(sub), "%s/%s", rel, e->d_name);
+			if (mkdirat(dst, e->d_name, st.st_mode & 07777) < 0 ||
+			    (s = openat(src, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+				slurm_error(LOG_PREFIX "cannot make %s in the container: %s", path,
+					    strerror(errno));
+				rc = -1;
+				break;
+			}
+			t = openat(dst, e->d_name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			rc = t < 0 ? -1 : copy_dev(c, s, t, sub, depth - 1);
+			close(s);
+			if (t >= 0)
+				close(t);
+		}
+		/* Regular files, FIFOs, sockets on /dev itself: not given. */
+	}
+	closedir(d);
+	return rc;
+}
+
+/* dev/<path below /dev>, with its directories: the common node `path` of the node's /dev. */
+static int add_common_node(int dev, const char *path)
+{
+	char rel[EDIT_PATH_MAX], *slash;
+	struct stat st;
+	int made;
+
+	if (strncmp(path, "/dev/", 5) || strstr(path, "/../") || stat(path, &st) < 0 ||
+	    !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)))
+		return 0; /* not on this node's /dev: nothing to give */
+	snprintf(rel, sizeof(rel), "%s", path + 5);
+	for (slash = strchr(rel, '/'); slash; slash = strchr(slash + 1, '/')) {
+		*slash = '\0';
+		if (mkdirat(dev, rel, 0755) < 0 && errno != EEXIST)
+			return -1;
+		*slash = '/';
+	}
+	return copy_node(dev, rel, &st, path, &made);
+}
+
+/*
+ * The container's /dev, made now (in slurmstepd's view of the node) as a
+ * detached tmpfs, its mounts and the step's GPU driver files added to trees
+ * (from *n on, at most max) to attach after pivot_root.
+ */
+static int new_dev(spank_t sp, struct tree *trees, size_t *n, size_t max)
+{
+	struct dev_copy c = {.trees = trees, .n = n};
+	struct tree *dev;
+	struct stat st;
+	int fs, src = -1, rc = -1;
+
+	if (*n >= max || read_gpu_edits() < 0)
+		return -1;
+	dev = &trees[(*n)++];
+	c.max = max;
+	fs = (int)syscall(SYS_fsopen, "tmpfs", FSOPEN_CLOEXEC);
+	dev->fd = -1;
+	if (fs >= 0 && syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "mode", "0755", 0) == 0 &&
+	    syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "size", "64k", 0) == 0 &&
+	    syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0)
+		dev->fd = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC,
+				       MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
+	if (fs >= 0)
+		close(fs);
+	if (dev->fd < 0) {
+		slurm_error(LOG_PREFIX "cannot mount a /dev for the container: %s", strerror(errno));
+		return -1;
+	}
+	snprintf(dev->dst, sizeof(dev->dst), "/dev");
+	dev->is_dir = 1;
+	dev->optional = 0;
+	src = open("/dev", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (src < 0 || fstat(src, &st) < 0) {
+		slurm_error(LOG_PREFIX "cannot open /dev: %s", strerror(errno));
+		goto out;
+	}
+	c.devfs = st.st_dev;
+	if (copy_dev(&c, src, dev->fd, "", 3) < 0)
+		goto out;
+	if (c.gpus > 0) {
+		for (size_t i = 0; i < gpu_edits.node_len; i++)
+			if (add_common_node(dev->fd, gpu_edits.node[i]) < 0) {
+				slurm_error(LOG_PREFIX "cannot make %s in the container: %s",
+					    gpu_edits.node[i], strerror(errno));
+				goto out;
+			}
+		for (size_t i = 0; i < gpu_edits.mount_len; i++) {
+			if (*n >= max) {
+				slurm_error(LOG_PREFIX "too many GPU driver files to mount");
+				goto out;
+			}
+			/* Read-only, at the path the node's spec gives; left out of a read-only image. */
+			if (clone_tree(&trees[(*n)++], gpu_edits.mount[i], gpu_edits.mount[i], 1, 1, 0) < 0)
+				goto out;
+		}
+		for (size_t i = 0; i < gpu_edits.env_len; i++) {
+			char name[EDIT_PATH_MAX], *eq;
+
+			snprintf(name, sizeof(name), "%s", gpu_edits.env[i]);
+			eq = strchr(name, '=');
+			*eq = '\0';
+			if (spank_setenv(sp, name, eq + 1, 1) != ESPANK_SUCCESS) {
+				slurm_error(LOG_PREFIX "cannot set %s", name);
+				goto out;
+			}
+		}
+	}
+	rc = 0;
+out:
+	if (src >= 0)
+		close(src);
+	return rc;
+}
+
 /*
  * Inside the container (root: its root directory): path made when missing, its
  * missing directories 0755 root's and itself a directory (mode) or an empty file.
@@ -1083,7 +1431,7 @@ static int apply_image_env(spank_t sp)
 
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
-	struct tree trees[16 + MAX_MOUNTS];
+	struct tree trees[16 + MAX_DEV_TREES + MAX_MOUNTS];
 	size_t n = 0;
 	char cwd[PATH_MAX];
 	int mount_home = args.mount_home == -1 ? config.mount_home : args.mount_home;
@@ -1124,7 +1472,7 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	/* What the node lends the container, taken while its paths still mean the node's. */
 	if (new_proc(&trees[n++]) < 0 ||
 	    clone_tree(&trees[n++], "/sys", "/sys", 1, 0, 0) < 0 ||
-	    clone_tree(&trees[n++], "/dev", "/dev", 0, 0, 0) < 0 ||
+	    new_dev(sp, trees, &n, MAX_DEV_TREES + 2) < 0 ||
 	    clone_tree(&trees[n++], "/tmp", "/tmp", 0, 1, 0) < 0 ||
 	    /* the batch script, PMIx's rendezvous directory */
 	    clone_tree(&trees[n++], config.spool, config.spool, 0, 1, 0) < 0 ||

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +29,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from sunk.gpus import choice
+from sunk.gpus.cdi import SpecError
 from sunk.gpus.choice import ALL_GPUS, BoundPod
 from sunk.gpus.devices import find_gpus
 from sunk.gpus.inventory import KIND as NVIDIA_CDI_KIND
@@ -36,6 +37,8 @@ from sunk.gpus.proto import deviceplugin_pb2 as dp
 from sunk.gpus.proto import deviceplugin_pb2_grpc as dp_grpc
 from sunk.gpus.proto import pluginregistration_pb2 as reg
 from sunk.gpus.proto import pluginregistration_pb2_grpc as reg_grpc
+from sunk.gpus.step_edits import ENV as STEP_EDITS_ENV
+from sunk.gpus.step_edits import read_specs, step_edits
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +224,24 @@ class NodeGpusPlugin(_Plugin):
         inventory: GpuInventory,
         pods: BoundPods,
         slurmd_namespace: str,
+        cdi_spec_dirs: Sequence[Path] = (),
     ) -> None:
         super().__init__(resource, node, inventory, pods)
         self.slurmd_namespace = slurmd_namespace
+        self.cdi_spec_dirs = tuple(cdi_spec_dirs)
+
+    def container_step_env(self) -> dict[str, str]:
+        """The node's CDI edits for its GPUs, for sunk's container steps
+        (sunk.gpus.step_edits): read afresh, as containerd reads the specs
+        when it creates the slurmd container."""
+        if not self.cdi_spec_dirs:
+            return {}
+        try:
+            edits = step_edits(read_specs(self.cdi_spec_dirs), NVIDIA_CDI_KIND)
+        except SpecError as error:
+            log.error("container steps get no GPU driver files: %s", error)
+            return {}
+        return {STEP_EDITS_ENV: edits} if edits else {}
 
     async def GetDevicePluginOptions(
         self, request: dp.Empty, context: Context
@@ -258,8 +276,11 @@ class NodeGpusPlugin(_Plugin):
             present = self.inventory.present
             log.info("%s: every GPU %s to %s", self.resource, list(present), pod.key)
             # The spec's `all` (none on a node without GPUs, which has no `all`).
+            envs = await asyncio.to_thread(self.container_step_env) if present else {}
             answers.append(
-                dp.ContainerAllocateResponse(cdi_devices=cdi_devices([ALL_GPUS] if present else []))
+                dp.ContainerAllocateResponse(
+                    cdi_devices=cdi_devices([ALL_GPUS] if present else []), envs=envs
+                )
             )
         return dp.AllocateResponse(container_responses=answers)
 

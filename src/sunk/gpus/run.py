@@ -46,6 +46,9 @@ class GpuPluginConfig:
     rescan_seconds: float = 10.0
     # NVIDIA's container toolkit config as this process sees it (None: not checked).
     toolkit_config: Path | None = None
+    # The node's CDI spec directories as this process sees them: their edits
+    # for the GPUs go to sunk's container steps (none: no driver files there).
+    cdi_spec_dirs: tuple[Path, ...] = ()
     metrics_port: int | None = None  # None: no /metrics endpoint
 
 
@@ -112,7 +115,12 @@ async def run_plugin(
     dirs = SocketDirs(config.socket_dir, config.registry_dir, config.host_socket_dir)
     gpus = GpuPlugin(config.resource, config.node, inventory, pods)
     node_gpus = NodeGpusPlugin(
-        config.node_resource, config.node, inventory, pods, config.slurmd_namespace
+        config.node_resource,
+        config.node,
+        inventory,
+        pods,
+        config.slurmd_namespace,
+        config.cdi_spec_dirs,
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(serving(config.resource, gpus, dirs))
