@@ -36,11 +36,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from sunk.gpus import cdi, inventory, nvml
-from sunk.gpus.nvml import NvmlGpu
+from sunk.gpus.nvml import MigDevice, NvmlGpu
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
@@ -252,6 +253,41 @@ def in_a_root(name: str, edits: cdi.ContainerEdits) -> str:
 # ------------------------------------------------------------------- NVML
 
 
+def read_migs(lib: Any, handle: Any) -> tuple[MigDevice, ...]:
+    """A GPU's MIG devices, by MIG index as Slurm counts them (up to the
+    first index without one); none where the bindings predate MIG."""
+    needed = (
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetAttributes",
+    )
+    if not all(hasattr(lib, name) for name in needed):
+        say("  this nvidia-ml-py predates MIG: MIG devices not listed")
+        return ()
+    migs = []
+    for mig_index in range(lib.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
+        except lib.NVMLError as exc:
+            if exc.value == lib.NVML_ERROR_NOT_FOUND:
+                break
+            raise
+        attributes = lib.nvmlDeviceGetAttributes(mig)
+        uuid = lib.nvmlDeviceGetUUID(mig)
+        migs.append(
+            MigDevice(
+                gpu_instance_id=lib.nvmlDeviceGetGpuInstanceId(mig),
+                compute_instance_id=lib.nvmlDeviceGetComputeInstanceId(mig),
+                slice_count=attributes.gpuInstanceSliceCount,
+                memory_mib=attributes.memorySizeMB,
+                uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+            )
+        )
+    return tuple(migs)
+
+
 def read_nvml() -> list[NvmlGpu]:
     """The node's GPUs from NVML. Raises ImportError without nvidia-ml-py and
     the library's NVMLError without a driver."""
@@ -285,6 +321,7 @@ def read_nvml() -> list[NvmlGpu]:
                     uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                     cpus=cpus,
                     mig=mig,
+                    migs=read_migs(lib, handle) if mig else (),
                 )
             )
         return found
@@ -374,7 +411,21 @@ def main(argv: list[str]) -> None:
         mig = "on" if gpu.mig else "off"
         say(f"  {gpu.index}: {gpu.name} {gpu.uuid} minor {gpu.minor}, MIG {mig}")
         say(f"    CPUs near it: {nvml.ranges(gpu.cpus)}")
-    gres = nvml.gres_lines(gpus, os.cpu_count() or 1, nvml.threads_per_core())
+        for device in gpu.migs:
+            say(
+                f"    MIG device {device.uuid}: GPU instance {device.gpu_instance_id},"
+                f" compute instance {device.compute_instance_id}, {device.slice_count}"
+                f" slice(s), {device.memory_mib} MiB"
+            )
+    minors_file = Path(nvml.MIG_MINORS)
+    try:
+        mig_minors = nvml.parse_mig_minors(minors_file.read_text()) if minors_file.exists() else {}
+        gres = nvml.gres_lines(
+            gpus, os.cpu_count() or 1, nvml.threads_per_core(), mig_minors=mig_minors
+        )
+    except ValueError as exc:  # printed, then a failed check
+        say(f"  gres.conf: {exc}")
+        gres = []
     say("  gres.conf:")
     for line in gres:
         say(f"    {line}")
