@@ -123,8 +123,11 @@ def test_a_login_user_can_neither_rename_nor_plant_in_the_cache(
     job's container step (anyone's) fetches with the fetcher intact and gets
     its own named container."""
     image, poisoned = images
-    # Every node's cache holds steps/, jobs/ and images/ before the attack.
+    # Every node's cache holds steps/, jobs/ and both images before the attack,
+    # whatever ran before: a first fetch on a node makes skopeo's own cache
+    # (/var/lib/containers/cache), which is no change the attack made.
     ssh(local_cluster, f"srun -N3 --container-image={image} --container-name=warm true")
+    ssh(local_cluster, f"srun -N3 --container-image={poisoned} true")
     since = int(time.time()) - 1
     before = _snapshot(local_cluster)
 
