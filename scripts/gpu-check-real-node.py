@@ -253,6 +253,11 @@ def in_a_root(name: str, edits: cdi.ContainerEdits) -> str:
 # ------------------------------------------------------------------- NVML
 
 
+def nvml_text(value: bytes | str) -> str:
+    """A string NVML returns: bytes from older nvidia-ml-py, str from newer."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def read_migs(lib: Any, handle: Any) -> tuple[MigDevice, ...]:
     """A GPU's MIG devices, by MIG index as Slurm counts them (up to the
     first index without one); none where the bindings predate MIG."""
@@ -282,7 +287,7 @@ def read_migs(lib: Any, handle: Any) -> tuple[MigDevice, ...]:
                 compute_instance_id=lib.nvmlDeviceGetComputeInstanceId(mig),
                 slice_count=attributes.gpuInstanceSliceCount,
                 memory_mib=attributes.memorySizeMB,
-                uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                uuid=nvml_text(uuid),
             )
         )
     return tuple(migs)
@@ -317,8 +322,8 @@ def read_nvml() -> list[NvmlGpu]:
                 NvmlGpu(
                     index=index,
                     minor=lib.nvmlDeviceGetMinorNumber(handle),
-                    name=name.decode() if isinstance(name, bytes) else str(name),
-                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    name=nvml_text(name),
+                    uuid=nvml_text(uuid),
                     cpus=cpus,
                     mig=mig,
                     migs=read_migs(lib, handle) if mig else (),

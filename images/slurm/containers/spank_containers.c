@@ -832,6 +832,8 @@ out:
 	return rc;
 }
 
+static int read_gpu_edits(void); /* the container's /dev, below */
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	if (!args.image && !args.name) {
@@ -853,7 +855,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	 * An error here would reach srun only as "spank plugin failed"; the tasks
 	 * report it instead (pyxis does the same, for the same reason).
 	 */
-	if (prepare_step(sp) < 0)
+	if (prepare_step(sp) < 0 || read_gpu_edits() < 0)
 		slurm_error(LOG_PREFIX "%s", step.error);
 	return 0;
 }
@@ -1000,7 +1002,10 @@ static int add_edit(char list[][EDIT_PATH_MAX], size_t *len, const char *value, 
 	return 0;
 }
 
-/* config.gpu_edits, root's (the pod's start writes it; nothing a user can write). */
+/*
+ * config.gpu_edits, root's (the pod's start writes it; nothing a user can write),
+ * read once per step, before the tasks fork.
+ */
 static int read_gpu_edits(void)
 {
 	char line[EDIT_PATH_MAX + 16];
@@ -1015,11 +1020,10 @@ static int read_gpu_edits(void)
 		return 0;
 	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
 	    (st.st_mode & 022) || !(f = fdopen(fd, "r"))) {
-		slurm_error(LOG_PREFIX "%s: not a file only root can write: container steps are "
-			    "refused on this node", config.gpu_edits);
 		if (fd >= 0)
 			close(fd);
-		return -1;
+		return fail("%s: not a file only root can write: container steps are refused on "
+			    "this node", config.gpu_edits);
 	}
 	gpu_edits.present = 1;
 	while (fgets(line, sizeof(line), f)) {
@@ -1043,10 +1047,9 @@ static int read_gpu_edits(void)
 		}
 		if (rc < 0) {
 			fclose(f);
-			slurm_error(LOG_PREFIX "%s line %d: not one of gpu PATH, node PATH, mount PATH, "
+			return fail("%s line %d: not one of gpu PATH, node PATH, mount PATH, "
 				    "env NAME=VALUE: container steps are refused on this node",
 				    config.gpu_edits, lineno);
-			return -1;
 		}
 	}
 	fclose(f);
@@ -1157,7 +1160,7 @@ static int copy_dev(struct dev_copy *c, int src, int dst, const char *rel, int d
 			t->fd = (int)syscall(SYS_open_tree, src, e->d_name,
 					     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE |
 						     AT_SYMLINK_NOFOLLOW);
-					if (made_target < 0 || t->fd < 0 ||
+			if (made_target < 0 || t->fd < 0 ||
 			    syscall(SYS_mount_setattr, t->fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
 				    sizeof(attr)) < 0) {
 				slurm_error(LOG_PREFIX "cannot mount %s in the container: %s", path,
@@ -1233,7 +1236,7 @@ static int new_dev(spank_t sp, struct tree *trees, size_t *n, size_t max)
 	struct stat st;
 	int fs, src = -1, rc = -1;
 
-	if (*n >= max || read_gpu_edits() < 0)
+	if (*n >= max)
 		return -1;
 	dev = &trees[(*n)++];
 	c.max = max;

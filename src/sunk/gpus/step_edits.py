@@ -14,7 +14,7 @@ the SPANK plugin reads), one edit per line:
     mount PATH      a driver file, at its path in the container
     env NAME=VALUE
 
-The SPANK plugin gives a step the `gpu` nodes its device cgroup lets it make,
+The SPANK plugin gives a step the `gpu` nodes its device cgroup lets it use,
 and the rest only with at least one of them. Paths are the container's (the
 slurmd container holds each at that path); hooks are not carried: see
 docs/gpus.md. Pure, but for `read_specs`.
