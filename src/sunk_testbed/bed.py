@@ -275,12 +275,21 @@ class Bed:
         )
         # The slurmd pods get every GPU from the plugin: the NodeSet asks for
         # them where the node offers them, so the nodes must offer them first.
-        await charts.wait_until(
-            "the GPU plugin serving every node",
-            lambda: charts.nodes_offer(client, names, RESOURCE_NODE_GPUS),
-            120,
-            interval=1,
-        )
+        try:
+            await charts.wait_until(
+                "the GPU plugin serving every node",
+                lambda: charts.nodes_offer(client, names, RESOURCE_NODE_GPUS),
+                120,
+                interval=1,
+            )
+        except TimeoutError as timed_out:
+            selector = {
+                "app.kubernetes.io/name": "sunk",
+                "app.kubernetes.io/instance": CLUSTER_RELEASE,
+                "app.kubernetes.io/component": "gpu-plugin",
+            }
+            pods = await charts.pods_report(client, NAMESPACE, selector)
+            raise TimeoutError(f"{timed_out}; the plugin's pods:\n{pods}") from None
         secret = charts.registry_auth_secret(NAMESPACE, private, *self.private_registry().login())
         await client.apply(codecs.from_dict(secret), force=True)
         await storage

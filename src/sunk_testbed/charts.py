@@ -24,7 +24,7 @@ import yaml
 from lightkube import AsyncClient, codecs
 from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod, Secret, ServiceAccountToken
+from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccountToken
 
 from sunk.kube.client import pod_ready
 from sunk_testbed.helm import CHARTS, Helm, HelmError
@@ -512,6 +512,47 @@ async def failed_pod_logs(kube: AsyncClient, namespace: str, lines: int = 20) ->
                 text = [f"(no log: {error})\n"]
             report.append(f"--- {name}/{status.name}\n{''.join(text).rstrip()}")
     return "\n".join(report) or "(no failed pods)"
+
+
+async def pods_report(
+    kube: AsyncClient, namespace: str, selector: Mapping[str, str], lines: int = 20
+) -> str:
+    """Each pod matching `selector`: its node, phase, each container's state
+    and restarts, its events and its log's last lines (for an error that
+    names why a component is not serving)."""
+    report = []
+    async for pod in kube.list(Pod, namespace=namespace, labels=dict(selector)):
+        name = pod.metadata.name if pod.metadata else None
+        if name is None:
+            continue
+        status = pod.status
+        node = pod.spec.nodeName if pod.spec else None
+        report.append(f"--- {name} on {node}: {status.phase if status else '?'}")
+        for container in (status.containerStatuses if status else None) or []:
+            state = container.state
+            now = (
+                f"waiting {state.waiting.reason}: {state.waiting.message}"
+                if state and state.waiting
+                else "running"
+                if state and state.running
+                else "terminated"
+            )
+            last = container.lastState.terminated if container.lastState else None
+            ended = f"; last exit {last.exitCode} {last.reason}" if last else ""
+            report.append(
+                f"  {container.name}: {now}, ready={container.ready}, "
+                f"restarts={container.restartCount}{ended}"
+            )
+        async for event in kube.list(
+            Event, namespace=namespace, fields={"involvedObject.name": name}
+        ):
+            report.append(f"  event {event.type} {event.reason}: {event.message}")
+        try:
+            text = [line async for line in kube.log(name, namespace=namespace, tail_lines=lines)]
+        except Exception as error:  # a report must not fail
+            text = [f"(no log: {error})\n"]
+        report.append("  " + "  ".join(text).rstrip())
+    return "\n".join(report) or "(no such pods)"
 
 
 async def install(

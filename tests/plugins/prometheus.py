@@ -394,12 +394,18 @@ def each_component_down_fires_its_alert(
     finally:
         back = '{"spec":{"template":{"spec":{"nodeSelector":{"sunk.dev/no-such-node":null}}}}}'
         ok(kubectl("-n", namespace, "patch", daemonset, "-p", back))
-        ok(
-            kubectl(
-                "-n", namespace, "rollout", "status", daemonset, "--timeout=120s",
-                timeout=150,
+        rollout = kubectl(
+            "-n", namespace, "rollout", "status", daemonset, "--timeout=120s", timeout=150
+        )
+        if rollout.returncode != 0:
+            # Why a pod is not back: its node, state and events.
+            selector = f"app.kubernetes.io/instance={cluster_release}"
+            selector += ",app.kubernetes.io/component=gpu-plugin"
+            pods = kubectl("-n", namespace, "describe", "pods", "-l", selector)
+            nodes = kubectl("get", "nodes", "-o", "wide")
+            raise AssertionError(
+                f"{rollout.stdout}\n{rollout.stderr}\n{nodes.stdout}\n{pods.stdout}"
             )
-        )  # fmt: skip
     prometheus.wait(
         "SunkComponentDown for the gpu-plugin over",
         lambda: not prometheus.down(),
