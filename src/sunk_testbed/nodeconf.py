@@ -207,6 +207,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
   Root = {_toml(paths.runc_root)}
   SystemdCgroup = false
 
+# Each node keeps its images unpacked only: a layer's compressed blob goes once
+# unpacked (the bed's nodes share one disk, which a full one fills with
+# DiskPressure evictions).
+[{images}]
+  discard_unpacked_layers = true
+
 [{images}.pinned_images]
   sandbox = {_toml(sandbox_image)}
 
