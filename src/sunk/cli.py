@@ -284,6 +284,14 @@ def scheduler(
         list[str] | None,
         typer.Option(help="PRODUCT=TYPE: GPU product label value → Slurm GRES type."),
     ] = None,
+    dra_gpu_class: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="CLASS=DRIVER[:INDEX_ATTRIBUTE] (repeat for each): a DeviceClass whose "
+            "ResourceClaims the scheduler allocates with the GPUs Slurm gives the pod's job, "
+            "the devices of DRIVER whose INDEX_ATTRIBUTE (default: index) is Slurm's GPU index."
+        ),
+    ] = None,
     kill_wait: Annotated[
         int, typer.Option(help="Slurm's KillWait (s); longer pod grace periods are refused.")
     ] = 30,
@@ -325,10 +333,18 @@ def scheduler(
 ) -> None:
     """Place pods on NodeSet nodes through Slurm jobs (leader-elected)."""
     from sunk.component import Election, SlurmAccess
+    from sunk.scheduler.claims import parse_gpu_class
     from sunk.scheduler.run import SchedulerConfig, main
 
     _component_logging(verbose)
     types = dict(item.split("=", 1) for item in gpu_type or [])
+    classes = {}
+    for text in dra_gpu_class or []:
+        try:
+            parsed = parse_gpu_class(text)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--dra-gpu-class") from None
+        classes[parsed.device_class] = parsed
     slurm_conf = None
     if slurm_config:
         where, _, name = slurm_config.rpartition("/")
@@ -344,6 +360,7 @@ def scheduler(
             partition=partition,
             constraint=constraint,
             gpu_types=types,
+            gpu_classes=classes,
             kill_wait=kill_wait,
             slurm_config=slurm_conf,
             poll_interval=poll_interval,

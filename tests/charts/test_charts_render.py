@@ -273,6 +273,19 @@ CAN_I = [
     ("scheduler", "patch", "pods/status", "elsewhere", "", False),
     ("scheduler", "delete", "pods", "home", "", False),
     ("scheduler", "update", "leases", "home", "sunk-scheduler", True),
+    # DRA: a tenant pod's claims read and allocated; no claim's spec, nor
+    # another namespace's; the drivers' devices read, never written.
+    ("scheduler", "get", "resourceclaims", "tenant", "", True),
+    ("scheduler", "patch", "resourceclaims/status", "tenant", "", True),
+    # The allocation's own permission, asked at the cluster scope (1.36).
+    ("scheduler", "patch", "resourceclaims/binding", "", "", True),
+    ("scheduler", "patch", "resourceclaims", "tenant", "", False),
+    ("scheduler", "patch", "resourceclaims/status", "elsewhere", "", False),
+    ("scheduler", "get", "resourceclaims", "elsewhere", "", False),
+    ("scheduler", "list", "resourceslices", "", "", True),
+    ("scheduler", "patch", "resourceslices", "", "", False),
+    ("scheduler", "get", "deviceclasses", "", "gpu.nvidia.com", True),
+    ("scheduler", "get", "deviceclasses", "", "other.example.com", False),
     ("tokens", "update", "secrets", "home", "{release}-syncer-token", True),
     ("tokens", "update", "secrets", "home", "slurm-jwt", False),
     ("tokens", "update", "secrets", "home", "slurm-jwt-signing", False),
@@ -333,6 +346,8 @@ async def test_each_component_may_do_what_it_needs_and_no_more(
                 attributes["group"] = "sunk.dev"
             elif resource == "leases":
                 attributes["group"] = "coordination.k8s.io"
+            elif resource in ("resourceclaims", "resourceslices", "deviceclasses"):
+                attributes["group"] = "resource.k8s.io"
             if where:
                 attributes["namespace"] = {"home": namespace, "tenant": tenant}.get(where, where)
             if name:

@@ -12,22 +12,33 @@ scheduler places.
 Opening one tells what a process may use: the device cgroup lets it through
 and the missing driver answers ENXIO ("usable"), or the cgroup refuses it
 with EPERM ("denied").
+
+The last test asks for GPUs by DRA claims: there Kubernetes' DRA example
+driver (sigs.k8s.io/dra-example-driver, built here from its Go module,
+sunk_testbed.dra) stands in for NVIDIA's DRA driver, with simulated GPUs
+that reach a container as environment variables.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from plugins.gpu_probe import PROBE as CONTAINER_PROBE
 from plugins.gpu_probe import gpu_nodes, read_probe
-from plugins.local_cluster import kubectl, poll_ssh, ssh, summary
+from plugins.local_cluster import cluster_helm, kubectl, poll_ssh, ssh, summary
+from sunk_testbed import dra
+from sunk_testbed.control_plane import async_client
+from sunk_testbed.nodeconf import NodePaths
 
 pytestmark = pytest.mark.e2e
 
@@ -81,6 +92,20 @@ def job_gpus(cluster: Path, job: str) -> set[int]:
 
 def wait_running(cluster: Path, job: str) -> None:
     poll_ssh(cluster, f"squeue -h -j {job} -o %T", lambda out: out.strip() == "RUNNING", 60, 0.5)
+
+
+def wait_probed(cluster: Path, name: str, within: float = 150) -> tuple[dict[str, Any], str]:
+    """The pod of `default` once Running and its log says "probed" (what it
+    saw is written before): the pod, and its log."""
+    deadline = time.monotonic() + within
+    while True:
+        got = json.loads(kubectl(cluster, "get", "pod", "-n", "default", name, "-o", "json").stdout)
+        logs = kubectl(cluster, "logs", "-n", "default", name).stdout
+        if got["status"].get("phase") == "Running" and "probed" in logs:
+            return got, logs
+        assert got["status"].get("phase") != "Failed", got["status"]
+        assert time.monotonic() < deadline, (got["status"], logs)
+        time.sleep(1)
 
 
 def test_every_node_offers_its_gpus_and_slurm_counts_them(cluster: Path) -> None:
@@ -183,17 +208,7 @@ def test_a_pod_placed_by_the_scheduler_gets_exactly_its_jobs_gpus(cluster: Path)
             wait_running(cluster, job)
         created = kubectl(cluster, "create", "-f", "-", input=json.dumps(pod))
         assert created.returncode == 0, created.stderr
-        deadline = time.monotonic() + 150
-        while True:
-            got = json.loads(
-                kubectl(cluster, "get", "pod", "-n", "default", "gpu-pod", "-o", "json").stdout
-            )
-            logs = kubectl(cluster, "logs", "-n", "default", "gpu-pod").stdout
-            if got["status"].get("phase") == "Running" and "probed" in logs:
-                break
-            assert got["status"].get("phase") != "Failed", got["status"]
-            assert time.monotonic() < deadline, (got["status"], logs)
-            time.sleep(1)
+        got, logs = wait_probed(cluster, "gpu-pod")
         node = "compute-" + got["spec"]["nodeName"]
         job = got["metadata"]["annotations"]["sunk.dev/slurm-job-id"]
         held = job_gpus(cluster, job)
@@ -386,3 +401,129 @@ def test_a_tenant_pod_naming_a_gpu_node_or_asking_for_every_gpu_is_refused(
     said = refusal({"c": {"resources": {"limits": {"sunk.dev/node-gpus": "1"}}}})
     assert "sunk.dev/node-gpus (every GPU of a node) goes only to a NodeSet's slurmd pod" in said
     assert refusal({}) == ""  # placed by Kubernetes' scheduler, asking for no GPU
+
+
+async def install_dra_driver(cluster: Path, info: dict[str, Any]) -> None:
+    """The DRA example driver on every node of the bed, publishing as many
+    simulated GPUs as the stand-in ones."""
+    kube = async_client(Path(info["kubernetes"]["kubeconfig"]), field_manager="test")
+    names = [node.removeprefix("compute-") for node in NODES]
+    try:
+        image = await asyncio.to_thread(dra.ensure_dra_image, print)
+        nodes = {name: NodePaths(cluster / "nodes" / name) for name in names}
+        await dra.install_dra_driver(
+            cluster_helm(cluster), kube, image, nodes, cluster / "cluster", print, gpus=GPUS
+        )
+    finally:
+        await kube.close()
+
+
+# A claim's devices in its container, as the DRA example driver's CDI spec sets them.
+DRA_DEVICE = re.compile(r"^GPU_DEVICE_(\d+)=gpu-(\d+)$", re.MULTILINE)
+
+
+def test_a_pod_with_a_dra_claim_holds_the_gpus_slurm_allocated_its_job(
+    cluster: Path,
+) -> None:
+    """GPUs asked for by a DRA claim. Kubernetes' DRA example driver stands in
+    for NVIDIA's: it publishes four simulated GPUs per node (`gpu-0`..`gpu-3`,
+    attribute `index`, as many as the stand-in GPUs Slurm counts) and hands a
+    prepared claim's devices to its container as `GPU_DEVICE_<n>` variables
+    (its CDI spec). sunk-cluster is upgraded to allocate claims of the
+    driver's DeviceClass (`scheduler.dra.gpuClasses`: what a user running a
+    DRA driver other than NVIDIA's sets). With two GPUs of every node held by
+    batch jobs, a pod whose claim template asks for two GPUs gets a Slurm job
+    of gres/gpu:2 and runs with exactly the two devices that job holds
+    (`scontrol show job -d`), named in the claim's allocation and reserved
+    for the pod, not the driver's first free ones."""
+    info = summary(cluster)
+    helm = cluster_helm(cluster)
+    asyncio.run(install_dra_driver(cluster, info))
+    values = yaml.safe_load((cluster / "cluster" / "sunk-values.yaml").read_text())
+    values.setdefault("scheduler", {})["dra"] = {
+        "gpuClasses": {dra.DEVICE_CLASS: {"driver": dra.DRIVER, "indexAttribute": "index"}}
+    }
+    helm.upgrade_install(
+        "sunk",
+        "sunk-cluster",
+        "slurm",
+        values,
+        values_file=cluster / "cluster" / "sunk-values-dra.yaml",
+    )
+    rolled = kubectl(
+        cluster, "rollout", "status", "-n", "slurm", "deployment/sunk-scheduler", timeout=180
+    )
+    assert rolled.returncode == 0, rolled.stderr
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "two-gpus", "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {"deviceClassName": dra.DEVICE_CLASS, "count": 2},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "dra-pod", "namespace": "default"},
+        "spec": {
+            "schedulerName": "sunk-scheduler",
+            "terminationGracePeriodSeconds": 5,
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": info["images"]["sunk/slurm"],
+                    "command": ["sh", "-c", "env; echo probed; sleep 3600"],
+                    "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpus"}]},
+                }
+            ],
+        },
+    }
+    batch = {
+        node: ssh(
+            cluster, f"sbatch --parsable -w {node} --gres=gpu:2 -t 5 --wrap 'sleep 300'"
+        ).strip()
+        for node in NODES
+    }
+    try:
+        for job in batch.values():
+            wait_running(cluster, job)
+        for obj in (template, pod):
+            created = kubectl(cluster, "create", "-f", "-", input=json.dumps(obj))
+            assert created.returncode == 0, created.stderr
+        got, logs = wait_probed(cluster, "dra-pod")
+        job = got["metadata"]["annotations"]["sunk.dev/slurm-job-id"]
+        held = job_gpus(cluster, job)
+        assert len(held) == 2
+        assert "gres/gpu:2" in ssh(cluster, f"scontrol -o show job {job}")
+        # The batch job beside it holds the node's other two.
+        node = got["spec"]["nodeName"]
+        assert job_gpus(cluster, batch[f"compute-{node}"]) == set(range(GPUS)) - held
+        seen = {(int(a), int(b)) for a, b in DRA_DEVICE.findall(logs)}
+        assert seen == {(i, i) for i in held}, logs
+        (claim_name,) = [s["resourceClaimName"] for s in got["status"]["resourceClaimStatuses"]]
+        claim = json.loads(
+            kubectl(
+                cluster, "get", "resourceclaim", "-n", "default", claim_name, "-o", "json"
+            ).stdout
+        )
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == [f"gpu-{i}" for i in sorted(held)]
+        assert {(r["driver"], r["pool"], r["request"]) for r in results} == {
+            (dra.DRIVER, node, "gpus")
+        }
+        assert [c["uid"] for c in claim["status"]["reservedFor"]] == [got["metadata"]["uid"]]
+    finally:
+        kubectl(cluster, "delete", "pod", "-n", "default", "dra-pod", "--wait=false")
+        kubectl(cluster, "delete", "resourceclaimtemplate", "-n", "default", "two-gpus")
+        ssh(cluster, f"scancel {' '.join(batch.values())}")

@@ -177,6 +177,30 @@ def test_gpu_types_come_from_an_annotation_or_the_product_table() -> None:
         job_spec([pod(limits=gpus, selector={GPU_PRODUCT_LABEL: "unknown"})], options, SEAL, ME)
 
 
+def test_gpus_a_pods_claims_ask_for_go_to_slurm_and_never_beside_nvidia_gpu() -> None:
+    """The GPUs of a pod's ResourceClaims (counted by the scheduler, by pod
+    uid) are its job's GRES, typed as any GPU pod's; a gang's node asks the
+    most of any member; a pod asking both ways is refused."""
+    options = Options(gpu_types={"NVIDIA-H100-80GB-HBM3": "h100"})
+    one = job_spec([pod()], options, SEAL, ME, claim_gpus={"uid-p": 2})
+    assert one.tres_per_node == "gres/gpu:2"
+    typed = job_spec(
+        [pod(selector={GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"})],
+        options,
+        SEAL,
+        ME,
+        claim_gpus={"uid-p": 3},
+    )
+    assert typed.tres_per_node == "gres/gpu:h100:3"
+    gang = job_spec([pod("a"), pod("b")], options, SEAL, ME, Gang("g", 2), claim_gpus={"uid-b": 4})
+    assert gang.tres_per_node == "gres/gpu:4"
+    assert job_spec([pod()], options, SEAL, ME, claim_gpus={"uid-p": 0}).tres_per_node is None
+    with pytest.raises(
+        InvalidPod, match=r"both as nvidia\.com/gpu \(1\) and through ResourceClaims \(2\)"
+    ):
+        job_spec([pod(limits={"nvidia.com/gpu": "1"})], options, SEAL, ME, claim_gpus={"uid-p": 2})
+
+
 def test_a_grace_period_longer_than_killwait_is_refused() -> None:
     options = Options(kill_wait=30, grace_margin=1)
     job_spec([pod(grace=29)], options, SEAL, ME)

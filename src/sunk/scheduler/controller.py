@@ -58,6 +58,8 @@ from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.raw import bind_pod, delete_pod
 from sunk.kube.workqueue import Result, WorkQueue, run_workers
+from sunk.scheduler.claim_allocator import ClaimAllocator, ClaimNotReady, asks_claims
+from sunk.scheduler.claims import InvalidClaim
 from sunk.scheduler.decide import (
     Bind,
     Cancel,
@@ -129,6 +131,9 @@ CANCEL_RESEND = 10.0
 # A GPU pod waiting for the kubelet to admit the one bound before it on its
 # node is looked at again this late, if the admission's pod event missed it.
 GPU_BIND_RETRY = 1.0
+# A pod whose ResourceClaim is not made yet, or whose driver has not published
+# the devices Slurm chose: looked at again this soon.
+CLAIM_RETRY = 2.0
 # The informer's index of the scheduler's pods by node.
 BY_NODE = "node"
 
@@ -232,6 +237,7 @@ class Scheduler:
         self._gpu_binding: dict[str, tuple[str, str]] = {}
         self._gpu_waiters: dict[str, set[str]] = {}
         self._workloads = WorkloadSizes(kube)
+        self._claims = ClaimAllocator(kube, self.options.gpu_classes)
 
     # -- indexes and wake-ups -------------------------------------------------------
 
@@ -452,11 +458,15 @@ class Scheduler:
             log.debug("%s waits for the first full read of Slurm", key)
             return None  # every key is looked at again once it is
         try:
+            claim_gpus = {_pod_uid(pod): await self._claims.gpus(pod) for pod in pods}
             identity = identity_of(pods[0], self._tenancy(), self._tenancy_source, self.options)
-            spec = job_spec(pods, self.options, self._seal, identity, gang)
-        except InvalidPod as exc:
+            spec = job_spec(pods, self.options, self._seal, identity, gang, claim_gpus)
+        except (InvalidPod, InvalidClaim) as exc:
             await self._refuse(key, pods, str(exc))
             return Result(requeue_after=INVALID_RETRY)
+        except ClaimNotReady as exc:
+            await self._pending(pods, f"waiting: {exc}")
+            return Result(requeue_after=CLAIM_RETRY)
         if (left := self.index.uncertain_for(key)) is not None:
             if left > 0:
                 return Result(requeue_after=left)
@@ -554,7 +564,7 @@ class Scheduler:
         self, key: str, pods: Sequence[Pod], job_id: int | None, job: Job
     ) -> float | None:
         """Bind the pods to their job's nodes; seconds until the key is to be
-        looked at again if some wait for a GPU pod's admission."""
+        looked at again if some wait for a GPU pod's admission or a claim."""
         slurm_nodes = expand(job.nodes)
         targets = [self._kube_node(name) for name in slurm_nodes]
         if None in targets or len(targets) < len(pods):
@@ -576,12 +586,18 @@ class Scheduler:
             ),
             return_exceptions=True,
         )
-        waiting = False
+        retry: float | None = None
         for (pod, (_, node)), result in zip(chosen, results, strict=True):
+            if isinstance(result, ClaimNotReady | InvalidClaim):
+                # Slurm's job stands: the claim is looked at again until it
+                # can be allocated (an invalid one is the pod's to fix).
+                retry = min(retry, CLAIM_RETRY) if retry else CLAIM_RETRY
+                await self._pending([pod], f"Slurm job {job_id} runs on {node}; {result}")
+                continue
             if isinstance(result, BaseException):
                 raise result
             if result:
-                waiting = True
+                retry = GPU_BIND_RETRY
                 self._gpu_waiters.setdefault(node or "", set()).add(key)
                 await self._pending(
                     [pod],
@@ -589,7 +605,7 @@ class Scheduler:
                     f"admit {', '.join(result)} there first (GPU pods are bound to a node "
                     "one at a time)",
                 )
-        return GPU_BIND_RETRY if waiting else None
+        return retry
 
     async def _bind_one(
         self, pod: Pod, node: str | None, job_id: int | None, gpus: tuple[int, ...]
@@ -598,6 +614,12 @@ class Scheduler:
         before it awaits admission: else nothing, and the names of those pods."""
         assert pod.metadata is not None
         assert node is not None
+        if asks_claims(pod):
+            # Each pod has claims of its own: nothing for the device plugin to
+            # tell apart, so no wait for the pod bound before it.
+            await self._claims.allocate(pod, node, gpus)
+            await self._bind_now(pod, node, job_id)
+            return []
         if not gpus:
             await self._bind_now(pod, node, job_id)
             return []

@@ -18,6 +18,7 @@ from lightkube.resources.core_v1 import Pod
 
 from sunk.api import DOMAIN, GPU_PRODUCT_LABEL, GPU_RESOURCE
 from sunk.kube.resources import pod_request
+from sunk.scheduler.claims import GpuClass
 from sunk.scheduler.seal import JobSeal
 from sunk.scheduler.tenancy import MIN_ID, Tenancy
 from sunk.slurm.models import JobSpec
@@ -122,6 +123,8 @@ class Options:
     partition: str | None = None
     constraint: str | None = None
     gpu_types: Mapping[str, str] = field(default_factory=dict)  # GPU product → GRES type
+    # DeviceClasses whose ResourceClaims the scheduler allocates from the job's GPUs.
+    gpu_classes: Mapping[str, GpuClass] = field(default_factory=dict)
     kill_wait: int = 30  # Slurm's KillWait, seconds
     grace_margin: int = 1  # a pod's grace period must be at most KillWait minus this
 
@@ -338,11 +341,13 @@ def job_spec(
     seal: JobSeal,
     identity: Identity,
     gang: Gang | None = None,
+    claim_gpus: Mapping[str, int] | None = None,
 ) -> JobSpec:
     """The placeholder job for one pod, or for all the pods of a gang (one node each).
 
     Slurm options come from the first pod's annotations; each node gets the
-    largest request of any member."""
+    largest request of any member. `claim_gpus` (by pod uid) are the GPUs a
+    pod asks for through its ResourceClaims (sunk.scheduler.claims)."""
     first = pods[0]
     assert first.metadata is not None
     namespace = first.metadata.namespace or "default"
@@ -355,9 +360,19 @@ def job_spec(
                 "Slurm would hand the node to the next job while the pod still stops"
             )
     needs = [resources_of(pod) for pod in pods]
+    claimed = [
+        (claim_gpus or {}).get((pod.metadata.uid if pod.metadata else None) or "", 0)
+        for pod in pods
+    ]
+    for need, asked in zip(needs, claimed, strict=True):
+        if need.gpus and asked:
+            raise InvalidPod(
+                f"the pod asks for GPUs both as {GPU_RESOURCE} ({need.gpus}) and through "
+                f"ResourceClaims ({asked}); ask one way"
+            )
     cpus = max(n.cpus for n in needs)
     memory = max((n.memory_mib or 0 for n in needs), default=0) or None
-    gpus = max(n.gpus for n in needs)
+    gpus = max(n.gpus + asked for n, asked in zip(needs, claimed, strict=True))
     gres = None
     if gpus:
         kind = gres_type(first, options)

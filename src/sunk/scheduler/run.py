@@ -17,6 +17,7 @@ from prometheus_client import start_http_server
 from sunk.component import Election, SlurmAccess, Wiring, run_elected
 from sunk.kube.client import kube_client
 from sunk.kube.retry import until_answered
+from sunk.scheduler.claims import GpuClass
 from sunk.scheduler.controller import Scheduler
 from sunk.scheduler.kill_wait_watch import KillWaitWatch
 from sunk.scheduler.metrics import SchedulerMetrics
@@ -56,6 +57,8 @@ class SchedulerConfig:
     partition: str | None = None
     constraint: str | None = None
     gpu_types: Mapping[str, str] = field(default_factory=dict)
+    # DeviceClass → what the scheduler needs to allocate its claims (sunk.scheduler.claims).
+    gpu_classes: Mapping[str, GpuClass] = field(default_factory=dict)
     kill_wait: int = 30  # unless slurm_config is given
     # (namespace, name) of the ConfigMap with slurm.conf: KillWait from there, followed.
     slurm_config: tuple[str, str] | None = None
@@ -106,6 +109,7 @@ async def run_scheduler(config: SchedulerConfig) -> None:
         partition=config.partition,
         constraint=config.constraint,
         gpu_types=dict(config.gpu_types),
+        gpu_classes=dict(config.gpu_classes),
         kill_wait=config.kill_wait,
         grace_margin=config.grace_margin,
     )
