@@ -24,6 +24,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import PatchType
 
 from sunk.api import RESOURCE_NODE_GPUS, TAINT_NODE_LOCK
 from sunk.api import nodeset as nodeset_api
@@ -1002,6 +1004,112 @@ async def test_slurm_gpu_nodes_take_no_pod_that_skips_slurm(
                 for obj in reversed(made):
                     await kube.delete(type(obj), obj.metadata.name)
     finally:
+        for name in (gpu_node, other_node):
+            await kube.delete(Node, name)
+
+
+async def test_a_claim_is_allocated_on_a_slurm_gpu_node_only_by_sunks_scheduler(
+    helm: Helm, kube: AsyncClient, namespace: str
+) -> None:
+    """The chart's DRA policy, installed on the real apiserver (its binding
+    narrowed to this test's namespace), with two Node objects, one labelled
+    as `gpuPlugin.nodeSelector` picks GPU nodes. Allocating a claim on the
+    GPU node as anyone but sunk's scheduler (here the admin, as Kubernetes'
+    scheduler would) is refused, naming the field and the node; on the other
+    node it is admitted; a driver's status write that allocates nothing new
+    is admitted on the GPU node. (sunk's scheduler allocating there is
+    tests/charts/test_local_up_gpus.py's DRA test, on the default install.)"""
+    token = secrets.token_hex(3)
+    gpu_node, other_node = f"gpu-{token}", f"cpu-{token}"
+    for name, labels in ((gpu_node, {"sunk-test/gpu": token}), (other_node, {})):
+        await kube.create(Node.from_dict({"metadata": {"name": name, "labels": labels}}))
+    release = f"r{secrets.token_hex(3)}"
+    out = helm.run(
+        ["template", release, str(CHARTS / "sunk-cluster"), "-n", namespace,
+         "--set=gpuPlugin.enabled=true", "--set=componentPolicies.enabled=false",
+         f"--set-string=gpuPlugin.nodeSelector.sunk-test/gpu={token}"]
+    )  # fmt: skip
+    made: list[Any] = []
+
+    def allocated_on(node: str) -> dict[str, Any]:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        result = {"request": "gpus", "driver": "gpu.example.com", "pool": node, "device": "gpu-0"}
+        return {
+            "status": {
+                "allocation": {
+                    "devices": {"results": [result]},
+                    "nodeSelector": {"nodeSelectorTerms": [term]},
+                }
+            }
+        }
+
+    async def allocate(claim: str, node: str) -> str:
+        """Why the apiserver refuses the allocation; "" once it is made."""
+        try:
+            await kube.patch(
+                ResourceClaim.Status,
+                claim,
+                allocated_on(node),
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except ApiError as error:
+            return str(error.status.message)
+        return ""
+
+    try:
+        claims = []
+        for i in range(3):
+            claim = ResourceClaim.from_dict(
+                {
+                    "metadata": {"name": f"c{i}-{token}", "namespace": namespace},
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "gpus", "exactly": {"deviceClassName": "gpu.example.com"}}
+                            ]
+                        }
+                    },
+                }
+            )
+            await kube.create(claim)
+            claims.append(f"c{i}-{token}")
+        # Allocated there before the policy, as by sunk's scheduler.
+        assert await allocate(claims[2], gpu_node) == ""
+        made = await install_policy(
+            kube, out, "ValidatingAdmissionPolicy", namespace, f"{release}-slurm-gpu-claims"
+        )
+        deadline = time.monotonic() + 30
+        # The Nodes are the policy's params: the apiserver takes them in a moment.
+        while not (said := await allocate(claims[0], gpu_node)):
+            assert time.monotonic() < deadline, "the GPU node never refused an allocation"
+            await kube.patch(
+                ResourceClaim.Status,
+                claims[0],
+                {"status": {"allocation": None}},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+            await asyncio.sleep(0.5)
+        assert said.endswith(
+            f"status.allocation: node {gpu_node} is a Slurm GPU node (sunk's GPU plugin runs "
+            "there); its devices are allocated by sunk-scheduler with the GPUs of the pod's "
+            "Slurm job: name it as the pod's schedulerName"
+        ), said
+        assert await allocate(claims[1], other_node) == ""
+        # A driver's status write on a claim allocated there (its device's
+        # state) allocates nothing new.
+        device = {"driver": "gpu.example.com", "pool": gpu_node, "device": "gpu-0"}
+        await kube.patch(
+            ResourceClaim.Status,
+            claims[2],
+            {"status": {"devices": [{**device, "data": {"ready": True}}]}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+    finally:
+        for obj in reversed(made):
+            await kube.delete(type(obj), obj.metadata.name)
         for name in (gpu_node, other_node):
             await kube.delete(Node, name)
 

@@ -435,7 +435,10 @@ def test_a_pod_with_a_dra_claim_holds_the_gpus_slurm_allocated_its_job(
     batch jobs, a pod whose claim template asks for two GPUs gets a Slurm job
     of gres/gpu:2 and runs with exactly the two devices that job holds
     (`scontrol show job -d`), named in the claim's allocation and reserved
-    for the pod, not the driver's first free ones."""
+    for the pod, not the driver's first free ones. A pod with the same claim
+    template for Kubernetes' own scheduler has its claim's allocation on a
+    Slurm GPU node refused (the chart's `<release>-slurm-gpu-claims`
+    policy), and stays unbound."""
     info = summary(cluster)
     helm = cluster_helm(cluster)
     asyncio.run(install_dra_driver(cluster, info))
@@ -523,7 +526,31 @@ def test_a_pod_with_a_dra_claim_holds_the_gpus_slurm_allocated_its_job(
             (dra.DRIVER, node, "gpus")
         }
         assert [c["uid"] for c in claim["status"]["reservedFor"]] == [got["metadata"]["uid"]]
+        # The same claim template for Kubernetes' own scheduler, in a pod that
+        # tolerates sunk's node lock: its claim's allocation on a Slurm GPU
+        # node is refused (the chart's policy), and the pod stays unbound.
+        elsewhere = json.loads(json.dumps(pod))
+        elsewhere["metadata"]["name"] = "dra-elsewhere"
+        del elsewhere["spec"]["schedulerName"]
+        elsewhere["spec"]["tolerations"] = [{"key": "sunk.dev/slurm-job", "operator": "Exists"}]
+        created = kubectl(cluster, "create", "-f", "-", input=json.dumps(elsewhere))
+        assert created.returncode == 0, created.stderr
+        refused = "is a Slurm GPU node (sunk's GPU plugin runs there); its devices are allocated"
+        deadline = time.monotonic() + 60
+        while True:
+            events = kubectl(
+                cluster, "get", "events", "-n", "default", "-o", "json",
+                "--field-selector", "involvedObject.name=dra-elsewhere",
+            )  # fmt: skip
+            said = [e["message"] for e in json.loads(events.stdout)["items"]]
+            if any(refused in message for message in said):
+                break
+            assert time.monotonic() < deadline, said
+            time.sleep(1)
+        unbound = kubectl(cluster, "get", "pod", "-n", "default", "dra-elsewhere", "-o", "json")
+        assert not json.loads(unbound.stdout)["spec"].get("nodeName"), unbound.stdout
     finally:
+        kubectl(cluster, "delete", "pod", "-n", "default", "dra-elsewhere", "--wait=false")
         kubectl(cluster, "delete", "pod", "-n", "default", "dra-pod", "--wait=false")
         kubectl(cluster, "delete", "resourceclaimtemplate", "-n", "default", "two-gpus")
         ssh(cluster, f"scancel {' '.join(batch.values())}")
