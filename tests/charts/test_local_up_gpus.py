@@ -422,6 +422,8 @@ async def install_dra_driver(cluster: Path, info: dict[str, Any]) -> None:
 DRA_DEVICE = re.compile(r"^GPU_DEVICE_(\d+)=gpu-(\d+)$", re.MULTILINE)
 
 
+# A machine's first run builds the DRA example driver from its Go module (minutes).
+@pytest.mark.timeout(900)
 def test_a_pod_with_a_dra_claim_holds_the_gpus_slurm_allocated_its_job(
     cluster: Path,
 ) -> None:
