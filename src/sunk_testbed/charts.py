@@ -301,6 +301,16 @@ def slurmd_pod_allowance(rendered: Iterable[Mapping[str, Any]]) -> dict[str, lis
     return {key: sorted(values) for key, values in found.items()}
 
 
+def image_values(image: Image) -> dict[str, str]:
+    """A chart's usual `image` values for one of the bed's images. Never
+    Always: the bed's registry is read-only and the tag is a content hash."""
+    return {
+        "repository": image_repository(image.ref),
+        "tag": image.tag,
+        "pullPolicy": "IfNotPresent",
+    }
+
+
 def image_repository(image: str) -> str:
     """`registry:5000/a/b` of `registry:5000/a/b:tag` or `...@sha256:...`."""
     name = image.split("@", 1)[0]
@@ -498,19 +508,8 @@ async def failed_pod_logs(kube: AsyncClient, namespace: str, lines: int = 20) ->
             *(pod.status.initContainerStatuses or []),
             *(pod.status.containerStatuses or []),
         ]:
-            try:
-                text = [
-                    line
-                    async for line in kube.log(
-                        name,
-                        namespace=namespace,
-                        container=status.name,
-                        tail_lines=lines,
-                    )
-                ]
-            except Exception as error:  # a report must not fail
-                text = [f"(no log: {error})\n"]
-            report.append(f"--- {name}/{status.name}\n{''.join(text).rstrip()}")
+            text = await _log_tail(kube, name, namespace, lines, status.name)
+            report.append(f"--- {name}/{status.name}\n{text}")
     return "\n".join(report) or "(no failed pods)"
 
 
@@ -547,12 +546,24 @@ async def pods_report(
             Event, namespace=namespace, fields={"involvedObject.name": name}
         ):
             report.append(f"  event {event.type} {event.reason}: {event.message}")
-        try:
-            text = [line async for line in kube.log(name, namespace=namespace, tail_lines=lines)]
-        except Exception as error:  # a report must not fail
-            text = [f"(no log: {error})\n"]
-        report.append("  " + "  ".join(text).rstrip())
+        report.append("  " + (await _log_tail(kube, name, namespace, lines)).replace("\n", "\n  "))
     return "\n".join(report) or "(no such pods)"
+
+
+async def _log_tail(
+    kube: AsyncClient, pod: str, namespace: str, lines: int, container: str | None = None
+) -> str:
+    """The last `lines` of a container's log, or why there is none (a report must not fail)."""
+    try:
+        text = [
+            line
+            async for line in kube.log(
+                pod, namespace=namespace, container=container, tail_lines=lines
+            )
+        ]
+    except Exception as error:
+        return f"(no log: {error})"
+    return "".join(text).rstrip()
 
 
 async def install(

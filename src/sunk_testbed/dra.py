@@ -38,6 +38,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import ResourceSlice
 
+from sunk.api import TAINT_NODE_LOCK
 from sunk_testbed import charts
 from sunk_testbed.control_plane import ensure_built
 from sunk_testbed.helm import Helm
@@ -92,15 +93,11 @@ def chart_values(image: Image, gpus: int) -> dict[str, Any]:
     stand-in GPUs, and the one toleration a node plugin on Slurm nodes needs
     (sunk's node lock evicts every pod without it when a Slurm job starts)."""
     return {
-        "image": {
-            "repository": charts.image_repository(image.ref),
-            "tag": image.tag,
-            "pullPolicy": "IfNotPresent",
-        },
+        "image": charts.image_values(image),
         "kubeletPlugin": {
             "numDevices": gpus,
             "priorityClassName": "",
-            "tolerations": [{"key": "sunk.dev/slurm-job", "operator": "Exists"}],
+            "tolerations": [{"key": TAINT_NODE_LOCK, "operator": "Exists"}],
         },
     }
 
@@ -175,10 +172,8 @@ async def install_dra_driver(
     objects = [o for o in yaml.safe_load_all(rendered) if o]
     namespace = Namespace(metadata=ObjectMeta(name=NAMESPACE))
     await kube.apply(namespace, field_manager=FIELD_MANAGER)
+    # `helm template -n` puts the namespace in every namespaced object.
     for obj in per_node(objects, nodes):
-        obj.setdefault("metadata", {})
-        if obj["kind"] not in _CLUSTER_KINDS:
-            obj["metadata"].setdefault("namespace", NAMESPACE)
         await kube.apply(codecs.from_dict(obj), field_manager=FIELD_MANAGER, force=True)
 
     async def published() -> bool:
@@ -196,16 +191,6 @@ async def install_dra_driver(
     log(f"DRA example driver publishing {gpus} devices per node in {seconds:.1f}s")
 
 
-_CLUSTER_KINDS = {
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "DeviceClass",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "ValidatingWebhookConfiguration",
-}
-
-
 async def published_devices(kube: AsyncClient) -> dict[str, int]:
     """Devices of the driver's ResourceSlices, by node."""
     counts: dict[str, int] = {}
@@ -214,9 +199,3 @@ async def published_devices(kube: AsyncClient) -> dict[str, int]:
         if node:
             counts[node] = counts.get(node, 0) + len(piece.spec.devices or [])
     return counts
-
-
-async def uninstall_dra_driver(kube: AsyncClient) -> None:
-    """The driver's namespace gone, with its DaemonSets (its slices go with
-    their node's plugin)."""
-    await kube.delete(Namespace, NAMESPACE)

@@ -92,15 +92,6 @@ class Controller:
     probe: dict[str, Any]  # apiVersion, kind, spec: what a dry run sends through its webhooks
 
 
-def _image_values(image: Image) -> dict[str, str]:
-    # Never Always: the bed's registry is read-only and the tag is a content hash.
-    return {
-        "repository": charts.image_repository(image.ref),
-        "tag": image.tag,
-        "pullPolicy": "IfNotPresent",
-    }
-
-
 # The charts ask for 0.5 (JobSet) and 1 CPU and 1 GiB (LWS): the bed has two
 # cores in all.
 _RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}}
@@ -117,7 +108,7 @@ def controllers(
         "jobset",
         NAMESPACES["jobset"],
         {
-            "image": _image_values(images.jobset),
+            "image": charts.image_values(images.jobset),
             "controller": {"resources": _RESOURCES, "nodeSelector": selector},
         },
         {
@@ -146,7 +137,7 @@ def controllers(
         "lws",
         NAMESPACES["lws"],
         {
-            "image": {"manager": _image_values(images.lws)},
+            "image": {"manager": charts.image_values(images.lws)},
             "resources": _RESOURCES,
             "nodeSelector": selector,
         },
