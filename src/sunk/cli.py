@@ -417,6 +417,13 @@ def gpu_plugin(
             "edits for the GPUs go to sunk's container steps."
         ),
     ] = None,
+    publish_gpus: Annotated[
+        bool,
+        typer.Option(
+            help="Write the indices of the GPUs found on this node's Node (annotation "
+            "sunk.dev/gpus), again after each change: needs patch on nodes."
+        ),
+    ] = False,
     metrics_port: MetricsPortOption = 9090,
     verbose: VerboseOption = False,
 ) -> None:
@@ -440,6 +447,7 @@ def gpu_plugin(
                 toolkit_config=toolkit_config,
                 cdi_spec_dirs=tuple(cdi_spec_dir or ()),
                 metrics_port=metrics_port or None,
+                publish_gpus=publish_gpus,
             )
         )
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 from lightkube import AsyncClient, codecs
-from lightkube.models.authentication_v1 import TokenRequestSpec
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccountToken
 
@@ -452,11 +452,23 @@ async def service_account_kubeconfig(
     account: str,
     path: Path,
     lifetime: datetime.timedelta = datetime.timedelta(hours=24),
+    bound_to: Pod | None = None,
 ) -> Path:
-    """A kubeconfig that acts as ServiceAccount `namespace/account` (a TokenRequest token)."""
+    """A kubeconfig that acts as ServiceAccount `namespace/account` (a
+    TokenRequest token); `bound_to`: the token is its pod's, as a pod's own
+    projected token is (the apiserver names the pod's node in it)."""
+    bound = None
+    if bound_to is not None and bound_to.metadata is not None:
+        bound = BoundObjectReference(
+            apiVersion="v1", kind="Pod", name=bound_to.metadata.name, uid=bound_to.metadata.uid
+        )
     request = ServiceAccountToken(
         metadata=ObjectMeta(),
-        spec=TokenRequestSpec(audiences=[], expirationSeconds=int(lifetime.total_seconds())),
+        spec=TokenRequestSpec(
+            audiences=[],
+            expirationSeconds=int(lifetime.total_seconds()),
+            boundObjectRef=bound,
+        ),
     )
     reply = await kube.create(request, account, namespace=namespace)
     assert reply.status is not None

@@ -302,12 +302,14 @@ CAN_I = [
     ("tokens", "update", "configmaps", "home", "{release}-scheduler-tenancy", False),
     ("scheduler", "get", "secrets", "home", "{release}-scheduler-tenant-tokens", False),
     ("syncer", "get", "secrets", "home", "{release}-syncer-token", False),
-    # The GPU plugin reads the pods bound to its node, and writes nothing.
+    # The GPU plugin reads the pods bound to its node, and writes only its
+    # Node's GPU list (tests/charts/test_component_policies.py).
     ("gpu-plugin", "list", "pods", "elsewhere", "", True),
     ("gpu-plugin", "patch", "pods", "elsewhere", "", False),
     ("gpu-plugin", "patch", "pods/status", "elsewhere", "", False),
     ("gpu-plugin", "get", "secrets", "home", "slurm-jwt", False),
-    ("gpu-plugin", "patch", "nodes", "", "", False),
+    ("gpu-plugin", "patch", "nodes", "", "", True),  # its own, one annotation: a policy
+    ("gpu-plugin", "patch", "nodes/status", "", "", False),
 ]
 
 

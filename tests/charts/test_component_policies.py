@@ -12,6 +12,7 @@ defaults, as release `slurm`) built by the operator's own pod builder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime
 import secrets
@@ -66,6 +67,8 @@ class Installed:
     operator: AsyncClient
     syncer: AsyncClient
     scheduler: AsyncClient
+    kube_access: KubeAccess
+    scratch: Path
 
 
 async def refusal(call: Awaitable[Any]) -> str:
@@ -118,7 +121,11 @@ async def installed(
         "--set=scheduler.tenants[0].user=5000",
     ]
     chart = str(CHARTS / "sunk-cluster")
-    out = helm.run(["template", release, chart, "-n", namespace, *grant])
+    # The GPU plugin (off by default) on, for its own policy: nothing else
+    # the chart renders depends on it.
+    out = helm.run(
+        ["template", release, chart, "-n", namespace, *grant, "--set=gpuPlugin.enabled=true"]
+    )
     docs = [d for d in yaml.safe_load_all(out) if d]
     rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
     policies = [d for d in docs if d["kind"] in POLICY_KINDS]
@@ -155,7 +162,17 @@ async def installed(
             clients.append(async_client(path, field_manager=f"sunk-{component}"))
         operator, syncer, scheduler = clients
         yield Installed(
-            kube, namespace, tenant, release, nodeset, slurmd, operator, syncer, scheduler
+            kube,
+            namespace,
+            tenant,
+            release,
+            nodeset,
+            slurmd,
+            operator,
+            syncer,
+            scheduler,
+            kube_access,
+            scratch,
         )
     finally:
         for client in clients:
@@ -182,6 +199,7 @@ async def test_the_policies_compile_and_type_check_without_a_warning(
             "syncer-nodes",
             "scheduler-pods",
             "scheduler-bindings",
+            "gpu-plugin-nodes",
         )
     ]
 
@@ -593,3 +611,73 @@ def test_the_defaults_let_the_slurm_charts_nodesets_through(tmp_path: Path) -> N
         # Secrets the chart names itself; a registry login is the user's to list.
         own = {s for s in needs["secrets"] if s.startswith(f"{SLURM_RELEASE}-")}
         assert own <= set(defaults["secrets"]), case.name
+
+
+async def test_the_gpu_plugin_writes_only_its_gpus_on_its_own_node(installed: Installed) -> None:
+    """As the GPU plugin's ServiceAccount, with a token bound to its pod on
+    node A (as the pod's own projected token is): its annotation
+    sunk.dev/gpus on A is written (the plugin's own patch); the same on node
+    B, another annotation or a label on A, a cordon, text that is no index
+    list, and the same patch with an unbound token are refused."""
+    from sunk.gpus.publish import gpus_patch
+
+    kube, namespace, release = installed.kube, installed.namespace, installed.release
+    account = f"{release}-gpu-plugin"
+    nodes = [f"{namespace}-gpu-{n}" for n in ("a", "b")]
+    clients: list[AsyncClient] = []
+    try:
+        for name in nodes:
+            await kube.create(Node(metadata=ObjectMeta(name=name)))
+        plugin = await kube.create(
+            _pod({
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-plugin-a"},
+                "spec": {"serviceAccountName": account, "nodeName": nodes[0],
+                         "containers": [{"name": "c", "image": FOREIGN_IMAGE}]},
+            }),
+            namespace=namespace,
+        )  # fmt: skip
+        for bound in (plugin, None):
+            path = await charts.service_account_kubeconfig(
+                kube,
+                installed.kube_access.server,
+                installed.kube_access.ca_file,
+                namespace,
+                account,
+                installed.scratch / f"gpu-plugin-{'bound' if bound else 'unbound'}.kubeconfig",
+                bound_to=bound,
+            )
+            clients.append(async_client(path, field_manager="sunk-gpu-plugin"))
+        own, unbound = clients
+
+        async def patch(body: Any, node: str = nodes[0], client: AsyncClient = own) -> str:
+            return await refusal(
+                client.patch(Node, node, body, patch_type=PatchType.MERGE, dry_run=True)
+            )
+
+        async def policy_on() -> bool:
+            return "the GPU plugin writes only the Node" in await patch(gpus_patch([0]), nodes[1])
+
+        await _wait_for("the GPU plugin's node policy", policy_on)
+        assert await patch(gpus_patch([0, 2, 3])) == ""
+        assert await patch(gpus_patch([])) == ""
+        refused = {
+            "another node": await patch(gpus_patch([0]), nodes[1]),
+            "unbound token": await patch(gpus_patch([0]), client=unbound),
+            "other annotation": await patch({"metadata": {"annotations": {"x.io/y": "1"}}}),
+            "label": await patch({"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}),
+            "cordon": await patch({"spec": {"unschedulable": True}}),
+            "not indices": await patch({"metadata": {"annotations": {"sunk.dev/gpus": "all"}}}),
+        }
+        assert "the GPU plugin writes only the Node" in refused.pop("another node")
+        assert "the GPU plugin writes only the Node" in refused.pop("unbound token")
+        assert "may not change x.io/y" in refused.pop("other annotation")
+        assert "may not change nvidia.com/gpu.present" in refused.pop("label")
+        assert "may not change a node's spec" in refused.pop("cordon")
+        assert "GPU indices, comma-separated" in refused.pop("not indices")
+        assert not refused
+    finally:
+        for client in clients:
+            await client.close()
+        for name in nodes:
+            with contextlib.suppress(ApiError):
+                await kube.delete(Node, name)

@@ -36,6 +36,7 @@ import yaml
 from plugins.gpu_probe import PROBE as CONTAINER_PROBE
 from plugins.gpu_probe import gpu_nodes, read_probe
 from plugins.local_cluster import cluster_helm, kubectl, poll_ssh, ssh, summary
+from sunk.api import ANNOTATION_NODE_GPUS as GPUS_ANNOTATION
 from sunk_testbed import dra
 from sunk_testbed.control_plane import async_client
 from sunk_testbed.nodeconf import NodePaths
@@ -122,6 +123,11 @@ def test_every_node_offers_its_gpus_and_slurm_counts_them(cluster: Path) -> None
         for n in nodes
     }
     assert offered == {f"local-{i}": (str(GPUS), "1") for i in (1, 2, 3)}
+    # What the plugin found, on the Node itself (sunk.gpus.publish).
+    published = {
+        n["metadata"]["name"]: n["metadata"]["annotations"].get(GPUS_ANNOTATION) for n in nodes
+    }
+    assert published == {f"local-{i}": "0,1,2,3" for i in (1, 2, 3)}
     out = ssh(cluster, "sinfo -h -N -o '%N %G'")
     assert dict(line.split() for line in out.splitlines()) == {n: f"gpu:{GPUS}" for n in NODES}
 
@@ -556,3 +562,38 @@ def test_a_pod_with_a_dra_claim_holds_the_gpus_slurm_allocated_its_job(
         kubectl(cluster, "delete", "pod", "-n", "default", "dra-pod", "--wait=false")
         kubectl(cluster, "delete", "resourceclaimtemplate", "-n", "default", "two-gpus")
         ssh(cluster, f"scancel {' '.join(batch.values())}")
+
+
+def node_gpus(cluster: Path) -> dict[str, tuple[str | None, str | None]]:
+    """Each node's GPU list as its plugin wrote it, and its allocatable GPUs."""
+    nodes = json.loads(kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]
+    return {
+        n["metadata"]["name"]: (
+            n["metadata"].get("annotations", {}).get(GPUS_ANNOTATION),
+            n["status"]["allocatable"].get("nvidia.com/gpu"),
+        )
+        for n in nodes
+    }
+
+
+def test_a_gpu_that_goes_and_comes_back_is_seen_on_the_node(cluster: Path) -> None:
+    """Stand-in GPU 3 taken away (its device file moved out of the nodes'
+    device directory) and put back: each node's plugin writes the GPUs it
+    finds on its Node (`sunk.dev/gpus`) and the kubelet offers as many, within
+    a rescan or two. Last in the module: a node short of a GPU its CDI spec
+    names cannot start a GPU pod meanwhile."""
+    devices = cluster / "gpus"
+    away = devices / ".nvidia3.away"
+
+    def wait_for(wanted: tuple[str, str]) -> None:
+        deadline = time.monotonic() + 90
+        while (seen := node_gpus(cluster)) != {f"local-{i}": wanted for i in (1, 2, 3)}:
+            assert time.monotonic() < deadline, f"wanted {wanted} on every node: {seen}"
+            time.sleep(2)
+
+    (devices / "nvidia3").rename(away)
+    try:
+        wait_for(("0,1,2", "3"))
+    finally:
+        away.rename(devices / "nvidia3")
+    wait_for(("0,1,2,3", str(GPUS)))

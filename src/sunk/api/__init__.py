@@ -24,3 +24,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # NVIDIA's GPU feature discovery labels a node with its GPUs' product name:
 # a NodeSet's GRES type and a pod's GPU type (`sunk.dev/gpu-type`) come from it.
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# sunk's GPU plugin writes on its own Node the indices of the GPUs it finds
+# there ("0,2,3"): the node's inventory, kept current as GPUs come and go.
+ANNOTATION_NODE_GPUS = f"{DOMAIN}/gpus"

@@ -22,6 +22,7 @@ from sunk.gpus.plugin import (
     keep_scanning,
     serving,
 )
+from sunk.gpus.publish import KubeNodeAnnotations, NodeAnnotations, keep_publishing
 from sunk.gpus.toolkit import CONFIG_PATH, unsafe_settings
 from sunk.kube.client import kube_client
 
@@ -50,6 +51,8 @@ class GpuPluginConfig:
     # for the GPUs go to sunk's container steps (none: no driver files there).
     cdi_spec_dirs: tuple[Path, ...] = ()
     metrics_port: int | None = None  # None: no /metrics endpoint
+    # Write the GPUs found on the Node (annotation sunk.dev/gpus).
+    publish_gpus: bool = False
 
 
 class GpuPluginMetrics:
@@ -104,7 +107,10 @@ async def wait_for_a_safe_toolkit(
 
 
 async def run_plugin(
-    config: GpuPluginConfig, pods: BoundPods, metrics: GpuPluginMetrics | None = None
+    config: GpuPluginConfig,
+    pods: BoundPods,
+    metrics: GpuPluginMetrics | None = None,
+    nodes: NodeAnnotations | None = None,
 ) -> None:
     """Serve both resources to the node's kubelet until cancelled."""
     await wait_for_a_safe_toolkit(config, metrics)
@@ -131,7 +137,10 @@ async def run_plugin(
         if metrics is not None:
             metrics.serving.set(1)
         log.info("GPU plugin of node %s: %d GPU(s) found", config.node, len(inventory.present))
-        await keep_scanning(inventory, config.rescan_seconds)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(keep_scanning(inventory, config.rescan_seconds))
+            if nodes is not None:
+                tasks.create_task(keep_publishing(inventory.watch(), config.node, nodes))
 
 
 async def main(config: GpuPluginConfig) -> None:
@@ -140,6 +149,7 @@ async def main(config: GpuPluginConfig) -> None:
         start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, "sunk-gpu-plugin")
     try:
-        await run_plugin(config, KubeBoundPods(kube, config.node), metrics)
+        nodes = KubeNodeAnnotations(kube) if config.publish_gpus else None
+        await run_plugin(config, KubeBoundPods(kube, config.node), metrics, nodes)
     finally:
         await kube.close()
