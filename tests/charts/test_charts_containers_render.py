@@ -93,7 +93,7 @@ def test_slurmd_makes_the_cache_root_only_before_anyone_reaches_the_pod(
     assert volume == {"name": "containers", "emptyDir": {}}
     script = slurmd["command"][-1]
     fix = script.index(f"chown 0:0 {CACHE} && chmod 0700 {CACHE}")
-    assert fix < script.index("exec tini -- slurmd")
+    assert fix < script.index("exec tini --")
     assert fix < script.index("sshd")
     plugstack = next(
         d

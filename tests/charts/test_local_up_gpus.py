@@ -35,8 +35,16 @@ import yaml
 
 from plugins.gpu_probe import PROBE as CONTAINER_PROBE
 from plugins.gpu_probe import gpu_nodes, read_probe
-from plugins.local_cluster import cluster_helm, kubectl, poll_ssh, ssh, summary
+from plugins.local_cluster import (
+    cluster_helm,
+    kubectl,
+    poll_ssh,
+    running_slurm_pods,
+    ssh,
+    summary,
+)
 from sunk.api import ANNOTATION_NODE_GPUS as GPUS_ANNOTATION
+from sunk.api import ANNOTATION_SLURMD_CONF
 from sunk_testbed import dra
 from sunk_testbed.control_plane import async_client
 from sunk_testbed.nodeconf import NodePaths
@@ -597,3 +605,66 @@ def test_a_gpu_that_goes_and_comes_back_is_seen_on_the_node(cluster: Path) -> No
     finally:
         away.rename(devices / "nvidia3")
     wait_for(("0,1,2,3", str(GPUS)))
+
+
+def slurm_admin(cluster: Path, *command: str) -> str:
+    """A command as Slurm's admin, in the slurmctld pod."""
+    proc = kubectl(
+        cluster, "exec", "-n", "slurm", "slurm-slurmctld-0", "-c", "slurmctld", "--", *command
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_a_slurmd_pod_given_a_new_conf_registers_its_node_anew_in_the_same_container(
+    cluster: Path,
+) -> None:
+    """The slurmd container starts slurmd again when its pod's
+    `sunk.dev/slurmd-conf` changes: with a job running there, the job ends
+    as it would have; and with the node drained and its record deleted (as
+    Slurm wants before a dynamic node's GRES change), the node registers with
+    the new GRES: `sinfo` says gpu:3, then gpu:4 again, and no pod of the
+    Slurm namespace was restarted or replaced. An admin makes these writes
+    here: the NodeSet controller sets the annotation on each pod it creates."""
+    before = running_slurm_pods(cluster)
+    pod, node = "compute-local-2", "compute-local-2"
+    conf = json.loads(kubectl(cluster, "get", "pod", "-n", "slurm", pod, "-o", "json").stdout)[
+        "metadata"
+    ]["annotations"][ANNOTATION_SLURMD_CONF]
+    assert conf.endswith(f" Gres=gpu:{GPUS}"), conf
+
+    def set_conf(value: str) -> None:
+        annotation = f"{ANNOTATION_SLURMD_CONF}={value}"
+        proc = kubectl(cluster, "annotate", "pod", "-n", "slurm", pod, "--overwrite", annotation)
+        assert proc.returncode == 0, proc.stderr
+
+    def restarts_seen(count: int) -> None:
+        deadline = time.monotonic() + 60
+        while (logs := kubectl(cluster, "logs", "-n", "slurm", pod, "-c", "slurmd").stdout).count(
+            "starting slurmd again"
+        ) < count:
+            assert time.monotonic() < deadline, logs[-2000:]
+            time.sleep(1)
+
+    job = ssh(cluster, f"sbatch --parsable -w {node} --gres=gpu:1 --wrap 'sleep 20'").strip()
+    wait_running(cluster, job)
+    set_conf(conf + " ")  # the same line: slurmd starts again, its record stays
+    restarts_seen(1)
+    poll_ssh(cluster, f"sacct -n -X -j {job} -o State", lambda out: "COMPLETED" in out, 90, 2)
+
+    def regres(count: int, restarts: int) -> None:
+        slurm_admin(cluster, "scontrol", "update", f"nodename={node}", "state=drain",
+                    "reason=GPUs changed")  # fmt: skip
+        slurm_admin(cluster, "scontrol", "delete", f"nodename={node}")
+        set_conf(conf.replace(f"Gres=gpu:{GPUS}", f"Gres=gpu:{count}"))
+        restarts_seen(restarts)
+        poll_ssh(
+            cluster,
+            f"sinfo -h -n {node} -o '%G %T'",
+            lambda out: out.split() == [f"gpu:{count}", "idle"],
+            60,
+        )
+
+    regres(3, 2)
+    regres(GPUS, 3)
+    assert running_slurm_pods(cluster) == before

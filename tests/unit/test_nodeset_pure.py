@@ -17,7 +17,13 @@ from lightkube.models.core_v1 import (
 )
 from lightkube.models.meta_v1 import ObjectMeta
 
-from sunk.api import LABEL_NODE, LABEL_NODESET, LABEL_TEMPLATE_HASH, RESOURCE_NODE_GPUS
+from sunk.api import (
+    ANNOTATION_SLURMD_CONF,
+    LABEL_NODE,
+    LABEL_NODESET,
+    LABEL_TEMPLATE_HASH,
+    RESOURCE_NODE_GPUS,
+)
 from sunk.api import nodeset as api
 from sunk.nodeset.feasibility import feasible
 from sunk.nodeset.ownership import Claimant, assign
@@ -299,6 +305,9 @@ class TestBuildPod:
         ]
         env = {e.name: e.value for e in pod.spec.containers[1].env or []}
         assert env == {"SLURMD_NODENAME": "gpu-n7", "SLURMD_CONF": "Feature=gpu"}
+        # The same line where the pod reads it again (downward API) when it changes.
+        assert pod.metadata.annotations is not None
+        assert pod.metadata.annotations[ANNOTATION_SLURMD_CONF] == "Feature=gpu"
         assert all(t in (pod.spec.tolerations or []) for t in DAEMON_TOLERATIONS)
 
     def test_slurmd_takes_every_gpu_where_sunks_device_plugin_serves_them(self) -> None:

@@ -27,3 +27,7 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # sunk's GPU plugin writes on its own Node the indices of the GPUs it finds
 # there ("0,2,3"): the node's inventory, kept current as GPUs come and go.
 ANNOTATION_NODE_GPUS = f"{DOMAIN}/gpus"
+# A slurmd pod's --conf line (features, CPUs, memory, GRES), as the NodeSet
+# controller last set it: the pod reads it by the downward API, and starts
+# slurmd again in the running container when it changes.
+ANNOTATION_SLURMD_CONF = f"{DOMAIN}/slurmd-conf"

@@ -28,6 +28,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.utils.quantity import parse_quantity
 
 from sunk.api import (
+    ANNOTATION_SLURMD_CONF,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     LABEL_NODE,
@@ -217,13 +218,11 @@ def build_pod(owner: NodeSetRef, spec: api.NodeSetSpec, node: Node, revision: st
             f"spec.slurm.slurmdContainer: no container named {spec.slurm.slurmd_container!r} "
             f"in the template (it has {', '.join(sorted(containers))})"
         )
+    conf = slurmd_conf(owner.name, spec.slurm, node, pod_requests(pod_spec))
     slurmd.env = [
         *(e for e in slurmd.env or [] if e.name not in ("SLURMD_NODENAME", "SLURMD_CONF")),
         EnvVar(name="SLURMD_NODENAME", value=name),
-        EnvVar(
-            name="SLURMD_CONF",
-            value=slurmd_conf(owner.name, spec.slurm, node, pod_requests(pod_spec)),
-        ),
+        EnvVar(name="SLURMD_CONF", value=conf),
     ]
     if _allocatable(node, RESOURCE_NODE_GPUS):
         # sunk's device plugin runs on the node: every GPU goes to slurmd,
@@ -246,7 +245,7 @@ def build_pod(owner: NodeSetRef, spec: api.NodeSetSpec, node: Node, revision: st
             name=name,
             namespace=owner.namespace,
             labels=labels,
-            annotations=meta.annotations,
+            annotations={**(meta.annotations or {}), ANNOTATION_SLURMD_CONF: conf},
             ownerReferences=[
                 OwnerReference(
                     apiVersion=api.API_VERSION,
