@@ -99,25 +99,36 @@ def operator(
             "topology controller keeps (default namespace: --namespace, else the lease's)."
         ),
     ] = None,
+    gres_configmap: Annotated[
+        str | None,
+        typer.Option(
+            help="[NAMESPACE/]NAME of the slurm chart's gres ConfigMap, whose gres.conf the gres "
+            "controller writes from each node's GPUs (default namespace: as --topology-configmap)."
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
-    """Run the NodeSet controller and the topology controller (leader-elected)."""
+    """Run the NodeSet controller, and the topology and gres controllers (leader-elected)."""
 
     from sunk.component import Election, SlurmAccess
     from sunk.nodeset.run import OperatorConfig, run_operator
 
     _component_logging(verbose)
-    topology = None
-    if topology_configmap:
-        where, _, name = topology_configmap.rpartition("/")
-        topology = (where or namespace or lease_namespace, name)
+
+    def where(value: str | None) -> tuple[str, str] | None:
+        if not value:
+            return None
+        at, _, name = value.rpartition("/")
+        return (at or namespace or lease_namespace, name)
+
     config = OperatorConfig(
         slurm=SlurmAccess(slurmrestd, jwt_key, jwt_token, slurm_user),
         election=Election("sunk-operator", lease_namespace),
         kubeconfig=kubeconfig,
         namespace=namespace,
         metrics_port=metrics_port or None,
-        topology_configmap=topology,
+        topology_configmap=where(topology_configmap),
+        gres_configmap=where(gres_configmap),
     )
     run_until_terminated(run_operator(config))
 

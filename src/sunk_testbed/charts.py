@@ -84,7 +84,8 @@ def slurm_values(
     `identity`: `static` (the users in /etc/passwd) or `ldap` (the chart's
     in-chart directory, seeded with the same users and keys, on a volume).
     `gpus`: the GPUs of every node, whose device files sunk's GPU plugin
-    hands the slurmd pods (sunk_testbed.gpus): gres.conf names them."""
+    hands the slurmd pods (sunk_testbed.gpus); gres.conf is the chart's
+    default, written by sunk's operator from what the plugin finds."""
     # Memory is consumable (the chart's CR_Core_Memory), or a job's --mem sets
     # no cgroup limit; a job without --mem gets 200 MiB a CPU, not the whole
     # node. The bed has no mailer. config_overrides: Slurm takes the NodeSet's
@@ -163,9 +164,6 @@ def slurm_values(
             "registryAuthSecret": PRIVATE_REGISTRY_PULL if private_registry else "",
         },
         "topology": _topology(topology_levels, slurm_release),
-        # On GPU nodes `AutoDetect=nvidia` finds the GPUs through their
-        # driver; the bed's stand-in devices have none, so gres.conf names them.
-        "gresConfig": f"Name=gpu File=/dev/nvidia[0-{gpus - 1}]\n" if gpus else "",
     }
 
 

@@ -118,8 +118,6 @@ OVERRIDES = {
         "identity.provider, identity.ldap.server.enabled, identity.users, "
         "identity.groups, login.authorizedKeys": "the identity source: the in-chart "
         "directory, seeded with the team's first user and key",
-        "gresConfig": "the GPUs' device files: the stand-in GPUs have no driver for "
-        "AutoDetect=nvidia to ask",
         "accounting.accounts": "who may preempt: the serving team's account, granted "
         "the chart's inference QOS (the cluster's QOS list is normal alone)",
     },
@@ -177,7 +175,6 @@ def slurm_values(nodes: RealNodes, homes_class: str, public_key: str) -> dict[st
                 }
             },
         },
-        "gresConfig": f"Name=gpu File=/dev/nvidia[0-{GPUS - 1}]\n",
     }
 
 

@@ -229,6 +229,10 @@ CAN_I = [
     ("operator", "delete", "pods", "home", "", True),
     ("operator", "create", "pods", "elsewhere", "", False),
     ("operator", "delete", "pods", "elsewhere", "", False),
+    # Two annotations of a slurmd pod (its node registering anew): a policy.
+    ("operator", "patch", "pods", "home", "", True),
+    ("operator", "patch", "pods", "elsewhere", "", False),
+    ("operator", "patch", "pods/status", "home", "", False),
     ("operator", "patch", "nodesets", "home", "", True),
     ("operator", "patch", "nodesets", "elsewhere", "", False),
     ("operator", "get", "nodes", "", "", True),
@@ -238,9 +242,11 @@ CAN_I = [
     ("operator", "update", "leases", "home", "sunk-operator", True),
     ("operator", "update", "leases", "home", "sunk-syncer", False),
     ("operator", "get", "secrets", "home", "slurm-jwt", False),
-    # The topology controller: the slurm chart's topology ConfigMap alone.
+    # The topology and gres controllers: the slurm chart's two ConfigMaps alone.
     ("operator", "update", "configmaps", "home", "slurm-topology", True),
     ("operator", "watch", "configmaps", "home", "slurm-topology", True),
+    ("operator", "update", "configmaps", "home", "slurm-gres", True),
+    ("operator", "watch", "configmaps", "home", "slurm-gres", True),
     ("operator", "update", "configmaps", "home", "slurm-config", False),
     ("operator", "list", "configmaps", "home", "", False),
     ("operator", "update", "configmaps", "elsewhere", "slurm-topology", False),

@@ -32,6 +32,11 @@ from lightkube.resources.admissionregistration_v1 import ValidatingAdmissionPoli
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
+from sunk.api import (
+    ANNOTATION_SLURMD_CONF,
+    ANNOTATION_SLURMD_GPUS,
+    ANNOTATION_SLURMD_REGISTRATION,
+)
 from sunk.api import nodeset as nodeset_api
 from sunk.api.install import install_crds
 from sunk.kube.raw import bind_pod, delete_pod
@@ -195,6 +200,7 @@ async def test_the_policies_compile_and_type_check_without_a_warning(
         for name in (
             "operator-pods",
             "operator-nodesets",
+            "operator-pod-updates",
             "syncer-pods",
             "syncer-nodes",
             "scheduler-pods",
@@ -361,6 +367,49 @@ async def _slurmd_pod(installed: Installed) -> Pod:
     except ApiError:
         # Alone (-k): the admin creates it; the operator's test shows it may too.
         return await installed.kube.create(installed.slurmd, namespace=installed.namespace)
+
+
+async def test_the_operator_changes_only_a_slurmd_pods_conf_and_registration(
+    installed: Installed,
+) -> None:
+    """As the operator's ServiceAccount, on a slurmd pod: the annotations that
+    have its node register anew (the NodeSet controller's patch) are written;
+    its image, another annotation or a label are not, nor anything on a pod
+    no NodeSet owns."""
+    operator, namespace = installed.operator, installed.namespace
+    pod = await _slurmd_pod(installed)
+    name = pod.metadata.name  # type: ignore[union-attr]
+
+    async def patch(body: dict[str, Any], on: str = name) -> str:
+        return await refusal(
+            operator.patch(
+                Pod, on, body, namespace=namespace, patch_type=PatchType.STRATEGIC, dry_run=True
+            )
+        )
+
+    image = {"spec": {"containers": [{"name": "slurmd", "image": FOREIGN_IMAGE}]}}
+    await _wait_for("the operator's pod update policy", lambda: _refused(patch(image)))
+    assert "spec: the operator may not change a pod's spec" in await patch(image)
+    again = {
+        "metadata": {
+            "annotations": {
+                ANNOTATION_SLURMD_CONF: "Feature=compute Gres=gpu:3",
+                ANNOTATION_SLURMD_REGISTRATION: "1",
+                ANNOTATION_SLURMD_GPUS: "0,2,3",
+            }
+        }
+    }
+    assert await patch(again) == ""
+    other = {"metadata": {"annotations": {"example.com/x": "1"}}}
+    assert "may not change example.com/x" in await patch(other)
+    label = {"metadata": {"labels": {"sunk.dev/nodeset": "other"}}}
+    assert "may not change sunk.dev/nodeset" in await patch(label)
+    bystander = _pod({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "not-slurmd"},
+        "spec": {"containers": [{"name": "c", "image": FOREIGN_IMAGE}]},
+    })  # fmt: skip
+    await installed.kube.create(bystander, namespace=namespace)
+    assert "the operator changes only slurmd pods" in await patch(again, on="not-slurmd")
 
 
 async def test_the_syncer_changes_only_its_mirror_on_slurmd_pods(installed: Installed) -> None:

@@ -44,7 +44,7 @@ from plugins.local_cluster import (
     summary,
 )
 from sunk.api import ANNOTATION_NODE_GPUS as GPUS_ANNOTATION
-from sunk.api import ANNOTATION_SLURMD_CONF
+from sunk.api import ANNOTATION_SLURMD_REGISTRATION
 from sunk_testbed import dra
 from sunk_testbed.control_plane import async_client
 from sunk_testbed.nodeconf import NodePaths
@@ -584,29 +584,6 @@ def node_gpus(cluster: Path) -> dict[str, tuple[str | None, str | None]]:
     }
 
 
-def test_a_gpu_that_goes_and_comes_back_is_seen_on_the_node(cluster: Path) -> None:
-    """Stand-in GPU 3 taken away (its device file moved out of the nodes'
-    device directory) and put back: each node's plugin writes the GPUs it
-    finds on its Node (`sunk.dev/gpus`) and the kubelet offers as many, within
-    a rescan or two. Last in the module: a node short of a GPU its CDI spec
-    names cannot start a GPU pod meanwhile."""
-    devices = cluster / "gpus"
-    away = devices / ".nvidia3.away"
-
-    def wait_for(wanted: tuple[str, str]) -> None:
-        deadline = time.monotonic() + 90
-        while (seen := node_gpus(cluster)) != {f"local-{i}": wanted for i in (1, 2, 3)}:
-            assert time.monotonic() < deadline, f"wanted {wanted} on every node: {seen}"
-            time.sleep(2)
-
-    (devices / "nvidia3").rename(away)
-    try:
-        wait_for(("0,1,2", "3"))
-    finally:
-        away.rename(devices / "nvidia3")
-    wait_for(("0,1,2,3", str(GPUS)))
-
-
 def slurm_admin(cluster: Path, *command: str) -> str:
     """A command as Slurm's admin, in the slurmctld pod."""
     proc = kubectl(
@@ -616,55 +593,97 @@ def slurm_admin(cluster: Path, *command: str) -> str:
     return proc.stdout
 
 
-def test_a_slurmd_pod_given_a_new_conf_registers_its_node_anew_in_the_same_container(
+def gres_lines(cluster: Path) -> list[str]:
+    """The NodeName= lines of the gres.conf slurmctld reads."""
+    text = slurm_admin(cluster, "cat", "/etc/slurm/gres.conf")
+    return sorted(line for line in text.splitlines() if line.startswith("NodeName="))
+
+
+def test_gres_conf_names_each_nodes_own_gpus(cluster: Path) -> None:
+    """The chart's default gres.conf: sunk's operator writes a line per Slurm
+    GPU node from the GPUs its plugin found there (nobody typed a device
+    file)."""
+    assert gres_lines(cluster) == [f"NodeName={n} Name=gpu File=/dev/nvidia[0-3]" for n in NODES]
+
+
+def test_a_slurmd_pod_asked_to_register_anew_starts_slurmd_again_in_the_same_container(
     cluster: Path,
 ) -> None:
     """The slurmd container starts slurmd again when its pod's
-    `sunk.dev/slurmd-conf` changes: with a job running there, the job ends
-    as it would have; and with the node drained and its record deleted (as
-    Slurm wants before a dynamic node's GRES change), the node registers with
-    the new GRES: `sinfo` says gpu:3, then gpu:4 again, and no pod of the
-    Slurm namespace was restarted or replaced. An admin makes these writes
-    here: the NodeSet controller sets the annotation on each pod it creates."""
+    `sunk.dev/slurmd-registration` (or `--conf`) changes, as the NodeSet
+    controller has a node whose GPUs changed register anew: a job running
+    there ends as it would have, no pod of the Slurm namespace restarted or
+    replaced. An admin writes the annotation here, to show it with a job on
+    the node (the controller does it on an idle node)."""
     before = running_slurm_pods(cluster)
-    pod, node = "compute-local-2", "compute-local-2"
-    conf = json.loads(kubectl(cluster, "get", "pod", "-n", "slurm", pod, "-o", "json").stdout)[
-        "metadata"
-    ]["annotations"][ANNOTATION_SLURMD_CONF]
-    assert conf.endswith(f" Gres=gpu:{GPUS}"), conf
+    pod = node = "compute-local-2"
 
-    def set_conf(value: str) -> None:
-        annotation = f"{ANNOTATION_SLURMD_CONF}={value}"
-        proc = kubectl(cluster, "annotate", "pod", "-n", "slurm", pod, "--overwrite", annotation)
-        assert proc.returncode == 0, proc.stderr
+    def restarts() -> int:
+        logs = kubectl(cluster, "logs", "-n", "slurm", pod, "-c", "slurmd").stdout
+        return logs.count("starting slurmd again")
 
-    def restarts_seen(count: int) -> None:
-        deadline = time.monotonic() + 60
-        while (logs := kubectl(cluster, "logs", "-n", "slurm", pod, "-c", "slurmd").stdout).count(
-            "starting slurmd again"
-        ) < count:
-            assert time.monotonic() < deadline, logs[-2000:]
-            time.sleep(1)
-
+    seen = restarts()
     job = ssh(cluster, f"sbatch --parsable -w {node} --gres=gpu:1 --wrap 'sleep 20'").strip()
     wait_running(cluster, job)
-    set_conf(conf + " ")  # the same line: slurmd starts again, its record stays
-    restarts_seen(1)
+    annotation = f"{ANNOTATION_SLURMD_REGISTRATION}=test-{time.monotonic_ns()}"
+    proc = kubectl(cluster, "annotate", "pod", "-n", "slurm", pod, "--overwrite", annotation)
+    assert proc.returncode == 0, proc.stderr
+    deadline = time.monotonic() + 60
+    while restarts() == seen:
+        assert time.monotonic() < deadline, "slurmd was not started again"
+        time.sleep(1)
     poll_ssh(cluster, f"sacct -n -X -j {job} -o State", lambda out: "COMPLETED" in out, 90, 2)
+    assert running_slurm_pods(cluster) == before
 
-    def regres(count: int, restarts: int) -> None:
-        slurm_admin(cluster, "scontrol", "update", f"nodename={node}", "state=drain",
-                    "reason=GPUs changed")  # fmt: skip
-        slurm_admin(cluster, "scontrol", "delete", f"nodename={node}")
-        set_conf(conf.replace(f"Gres=gpu:{GPUS}", f"Gres=gpu:{count}"))
-        restarts_seen(restarts)
+
+def test_a_gpu_that_goes_and_comes_back_changes_slurms_gres_with_no_pod_restarted(
+    cluster: Path,
+) -> None:
+    """Stand-in GPU 1 taken away (its device file moved out of the nodes'
+    shared device directory), then put back. Each node's plugin writes the
+    GPUs it finds on its Node (`sunk.dev/gpus`) and the kubelet offers as
+    many; the operator's gres.conf names those device files; the NodeSet
+    controller drains each node, lets a running job end, and has its slurmd
+    register anew in the same pod: `sinfo` says gpu:3, and a one-GPU step is
+    denied two of 0, 2 and 3 (Slurm's devices now), never 1; then gpu:4
+    again. No pod of the Slurm
+    namespace is restarted or replaced. Last in the module: a node short of
+    a GPU its CDI spec names cannot start a GPU pod meanwhile."""
+    before = running_slurm_pods(cluster)
+    devices = cluster / "gpus"
+    away = devices / ".nvidia1.away"
+    job = ssh(cluster, "sbatch --parsable -w compute-local-1 --gres=gpu:1 --wrap 'sleep 30'")
+    job = job.strip()
+    wait_running(cluster, job)
+
+    def wait_for(listed: str, offered: str, files: str, gres: str) -> None:
+        deadline = time.monotonic() + 420
+        while (seen := node_gpus(cluster)) != {f"local-{i}": (listed, offered) for i in (1, 2, 3)}:
+            assert time.monotonic() < deadline, f"wanted {listed}, {offered} on every node: {seen}"
+            time.sleep(2)
+        wanted = [f"NodeName={n} Name=gpu File=/dev/nvidia[{files}]" for n in NODES]
+        while (lines := gres_lines(cluster)) != wanted:
+            assert time.monotonic() < deadline, lines
+            time.sleep(2)
         poll_ssh(
             cluster,
-            f"sinfo -h -n {node} -o '%G %T'",
-            lambda out: out.split() == [f"gpu:{count}", "idle"],
-            60,
+            "sinfo -h -N -o '%N %G %T'",
+            lambda out: sorted(out.splitlines()) == [f"{n} {gres} idle" for n in NODES],
+            max(deadline - time.monotonic(), 1),
+            2,
         )
 
-    regres(3, 2)
-    regres(GPUS, 3)
+    (devices / "nvidia1").rename(away)
+    try:
+        wait_for("0,2,3", "3", "0,2-3", "gpu:3")
+        assert "COMPLETED" in ssh(cluster, f"sacct -n -X -j {job} -o State")
+        # A one-GPU step: Slurm's device cgroup denies the other two GPUs of
+        # the node's line (0, 2, 3), and knows nothing of the one gone.
+        seen = probe(cluster, "-w compute-local-1 --gres=gpu:1")
+        denied = {i for i, s in seen.items() if s == "denied"}
+        assert len(denied) == 2, seen
+        assert denied <= {0, 2, 3}, seen
+    finally:
+        away.rename(devices / "nvidia1")
+    wait_for("0,1,2,3", str(GPUS), f"0-{GPUS - 1}", f"gpu:{GPUS}")
     assert running_slurm_pods(cluster) == before

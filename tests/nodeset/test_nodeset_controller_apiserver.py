@@ -97,6 +97,9 @@ class MemorySlurm:
         self.set(name, drained=False)
         return True
 
+    async def reconfigure(self) -> None:
+        pass
+
     async def delete_node(self, name: str) -> None:
         self.log.append(("delete", name))
         self.nodes.pop(name, None)

@@ -31,3 +31,16 @@ ANNOTATION_NODE_GPUS = f"{DOMAIN}/gpus"
 # controller last set it: the pod reads it by the downward API, and starts
 # slurmd again in the running container when it changes.
 ANNOTATION_SLURMD_CONF = f"{DOMAIN}/slurmd-conf"
+# Moved on each time the NodeSet controller has a pod's node register anew:
+# its slurmd starts again even where the --conf line is the same.
+ANNOTATION_SLURMD_REGISTRATION = f"{DOMAIN}/slurmd-registration"
+# The GPUs (indices, as `sunk.dev/gpus` writes them) a slurmd pod's node
+# counts in Slurm: its gres.conf line names their device files. The NodeSet
+# controller sets it when it makes the pod, and changes it only on a drained,
+# idle node about to register anew (a line changed under a running job would
+# have Slurm mark the node invalid, and the job hang completing).
+ANNOTATION_SLURMD_GPUS = f"{DOMAIN}/slurmd-gpus"
+# The registration count for which the NodeSet controller last had slurmctld
+# read its files again: a node registered anew is placed in the topology
+# only then (Slurm dropped it with its record).
+ANNOTATION_SLURMD_RECONFIGURED = f"{DOMAIN}/slurmd-reconfigured"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, operators
@@ -19,9 +19,19 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 from pydantic import ValidationError
 
-from sunk.api import DOMAIN, LABEL_NODESET, LABEL_TEMPLATE_HASH
+from sunk.api import (
+    ANNOTATION_NODE_GPUS,
+    ANNOTATION_SLURMD_CONF,
+    ANNOTATION_SLURMD_GPUS,
+    ANNOTATION_SLURMD_RECONFIGURED,
+    ANNOTATION_SLURMD_REGISTRATION,
+    DOMAIN,
+    LABEL_NODESET,
+    LABEL_TEMPLATE_HASH,
+)
 from sunk.api import nodeset as api
 from sunk.api.conditions import same_conditions, set_condition
+from sunk.gres.plan import GresLine
 from sunk.kube.client import pod_ready
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer, key_of
@@ -31,12 +41,16 @@ from sunk.nodeset.feasibility import feasible
 from sunk.nodeset.metrics import NodeSetMetrics
 from sunk.nodeset.ownership import Assignment, Claimant, assign
 from sunk.nodeset.plan import (
+    REASON_PREFIX,
     CreatePod,
     DeletePod,
     DeleteSlurmNode,
     Drain,
+    GiveGpus,
     Plan,
     PodView,
+    Reconfigure,
+    Reregister,
     Reserve,
     Resume,
     Unreserve,
@@ -48,6 +62,7 @@ from sunk.nodeset.pods import (
     SpecError,
     build_pod,
     gpu_plugin_not_serving,
+    node_gres,
     slurm_node_name,
     template_hash,
 )
@@ -61,6 +76,8 @@ POD_NAME = "name"
 # While something waits (jobs to end, a pod to become ready), look again this
 # often even without an event; events usually come first.
 WAIT_REQUEUE = 5.0
+# The least time between two resumes of a node Slurm drained itself.
+SLURM_DRAIN_RESUME_SECONDS = 15.0
 
 
 def _format_validation(error: ValidationError) -> str:
@@ -82,6 +99,10 @@ def _pod_view(pod: Pod) -> PodView:
         ready=pod_ready(pod),
         terminating=pod.metadata.deletionTimestamp is not None,
         failed=(pod.status.phase if pod.status else None) in ("Failed", "Succeeded"),
+        conf=(pod.metadata.annotations or {}).get(ANNOTATION_SLURMD_CONF, ""),
+        gpus=(pod.metadata.annotations or {}).get(ANNOTATION_SLURMD_GPUS),
+        registration=(pod.metadata.annotations or {}).get(ANNOTATION_SLURMD_REGISTRATION, ""),
+        reconfigured=(pod.metadata.annotations or {}).get(ANNOTATION_SLURMD_RECONFIGURED, ""),
     )
 
 
@@ -107,9 +128,13 @@ class NodeSetController:
         workers: int = 4,
         identity: str | None = None,
         metrics: NodeSetMetrics | None = None,
+        gres_listed: Callable[[], Mapping[str, GresLine] | None] = lambda: None,
     ) -> None:
-        """`identity`: the replica, as its Events' reportingInstance names it."""
+        """`identity`: the replica, as its Events' reportingInstance names it;
+        `gres_listed`: Slurm node -> its line in sunk's gres.conf (the gres
+        controller's), None where sunk writes none."""
         self._kube = kube
+        self._gres_listed = gres_listed
         self._slurm = slurm
         self.metrics = metrics or NodeSetMetrics()
         self.metrics.slurm_requests.set_function(lambda: slurm.requests)
@@ -127,6 +152,8 @@ class NodeSetController:
         )
         self.queue: WorkQueue[str] = WorkQueue()
         self._events = EventRecorder(kube, CONTROLLER, instance=identity)
+        # Slurm node -> when a drain of Slurm's own was last resumed (monotonic).
+        self._resumed: dict[str, float] = {}
         self._nodesets.subscribe(lambda e: self.queue.add(e.key))
         self._nodes.subscribe(self._on_node)
         self._pods.subscribe(self._on_pod)
@@ -237,6 +264,9 @@ class NodeSetController:
             deleting=deleting,
             feasible=feasible_count,
             now=time.time(),
+            gres=self._node_gres(spec, pods.values()),
+            node_gpus=self._node_gpus(pods.values()),
+            listed=self._gres_listed(),
         )
         ref = NodeSetRef(namespace, name, meta["uid"])
         await self._keep_reservation(result, ref)
@@ -254,6 +284,29 @@ class NodeSetController:
         if result.actions or result.waiting:
             return Result(requeue_after=WAIT_REQUEUE)
         return None
+
+    def _node_gres(self, spec: api.NodeSetSpec, pods: Any) -> dict[str, str]:
+        """Pod name -> the GRES its node has now. Not while the node's GPU
+        plugin does not serve it (a kubelet restart keeps the GPUs at 0 until
+        the plugin is back: no GPU is gone)."""
+        found = {}
+        for pod in pods:
+            node = self._nodes.get(pod.node)
+            if node is not None and not gpu_plugin_not_serving(node):
+                found[pod.name] = node_gres(spec.slurm, node)
+        return found
+
+    def _node_gpus(self, pods: Any) -> dict[str, str]:
+        """Pod name -> the GPUs its Node lists now (`sunk.dev/gpus`)."""
+        found = {}
+        for pod in pods:
+            node = self._nodes.get(pod.node)
+            listed = ((node.metadata.annotations if node and node.metadata else None) or {}).get(
+                ANNOTATION_NODE_GPUS
+            )
+            if listed is not None:
+                found[pod.name] = listed
+        return found
 
     def _owned_by(self, pod_name: str, namespace: str, nodeset: str) -> bool:
         pod = self._pods.get(f"{namespace}/{pod_name}")
@@ -384,17 +437,83 @@ class NodeSetController:
                     obj, "DeletedPod", f"deleted pod {pod_name}: {why}", action="Delete"
                 )
             case Resume(slurm_node=name, reason=reason):
+                if not reason.startswith(REASON_PREFIX):
+                    # Slurm's own drain: it comes back at once if slurmd still
+                    # reports too few, so at most one resume a minute.
+                    last = self._resumed.get(name, float("-inf"))
+                    if time.monotonic() - last < SLURM_DRAIN_RESUME_SECONDS:
+                        return
+                    self._resumed[name] = time.monotonic()
                 if await self._slurm.resume_if_reason(name, reason):
                     self.metrics.actions.labels(kind="resume").inc()
                     await self._events.emit(
                         obj, "ResumedNode", f"resumed Slurm node {name}", action="Resume"
                     )
+            case Reconfigure(pod=pod_name, registration=registration):
+                await self._slurm.reconfigure()
+                await self._annotate(
+                    ref.namespace, pod_name, {ANNOTATION_SLURMD_RECONFIGURED: registration}
+                )
+                await self._events.emit(
+                    obj,
+                    "Reconfigured",
+                    f"pod {pod_name}: its node registered anew; slurmctld read its files again",
+                    action="Reregister",
+                )
+            case GiveGpus(pod=pod_name, gpus=gpus):
+                await self._annotate(ref.namespace, pod_name, {ANNOTATION_SLURMD_GPUS: gpus})
+                await self._events.emit(
+                    obj,
+                    "GresLineChanged",
+                    f"pod {pod_name}: its gres.conf line names GPUs {gpus} (registers anew next)",
+                    action="Reregister",
+                )
+            case Reregister(pod=pod_name, slurm_node=name, conf=conf):
+                # The cache may be a moment old: confirm with Slurm itself.
+                if name in (self._slurm.nodes_with_feature(ref.name) or {}):
+                    if not await self._slurm.drained_and_idle(name):
+                        return
+                    await self._slurm.delete_node(name)
+                if not await self._give_conf(ref.namespace, pod_name, conf):
+                    return
+                self.metrics.actions.labels(kind="reregister").inc()
+                await self._events.emit(
+                    obj,
+                    "ReregisteredNode",
+                    f"Slurm node {name} registers anew in pod {pod_name}: --conf {conf}",
+                    action="Reregister",
+                )
             case DeleteSlurmNode(slurm_node=name):
                 await self._slurm.delete_node(name)
                 self.metrics.actions.labels(kind="slurm_delete").inc()
                 await self._events.emit(
                     obj, "RemovedNode", f"removed Slurm node {name}", action="Delete"
                 )
+
+    async def _give_conf(self, namespace: str, name: str, conf: str) -> bool:
+        """The pod's slurmd starts again with `conf` (the slurm chart's slurmd
+        container follows these annotations): the registration count moves on
+        too, so it starts again even if `conf` is the one it has."""
+        pod = self._pods.get(f"{namespace}/{name}")
+        if pod is None or pod.metadata is None:
+            return False
+        annotations = pod.metadata.annotations or {}
+        try:
+            registration = int(annotations.get(ANNOTATION_SLURMD_REGISTRATION, "0")) + 1
+        except ValueError:
+            registration = 1
+        await self._annotate(
+            namespace,
+            name,
+            {ANNOTATION_SLURMD_CONF: conf, ANNOTATION_SLURMD_REGISTRATION: str(registration)},
+        )
+        return True
+
+    async def _annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """A slurmd pod's annotations of a node registering anew (the policy
+        <release>-operator-pod-updates lets the operator change only those)."""
+        patch = {"metadata": {"annotations": annotations}}
+        await self._kube.patch(Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
 
     async def _delete_pod(self, namespace: str, name: str) -> bool:
         pod = self._pods.get(f"{namespace}/{name}")

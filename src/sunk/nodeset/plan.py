@@ -27,6 +27,14 @@ The rules that keep jobs alive:
   slurmd, so no job can run through it: it is deleted at once, without a
   drain or a Slurm check, and recreated next time, as the DaemonSet
   controller does.
+- A node whose GPUs changed (its GRES from the node now differs from the
+  record Slurm keeps) is drained, and once idle registers anew in the same
+  pod: its record deleted and its slurmd given the new `--conf`
+  (`Reregister`). Slurm keeps a dynamic node's record as first registered and
+  drains a node that reports fewer GPUs than it counts; only a drain of
+  sunk's or that one of Slurm's is acted on, a person's waits. Slurm's drain
+  of a node whose count is right (it registered before its gres.conf line
+  reached slurmctld) is resumed.
 """
 
 from __future__ import annotations
@@ -37,11 +45,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sunk.api import nodeset as api
+from sunk.gres.plan import GresLine
 from sunk.nodeset.window import window_at
 
 REASON_PREFIX = "sunk/nodeset:"
 REASON_UPDATE = f"{REASON_PREFIX} replacing the pod for an update"
 REASON_SCALE_IN = f"{REASON_PREFIX} the node left the NodeSet"
+REASON_GRES = f"{REASON_PREFIX} its GPUs changed"
+# Slurm's own drain of a node whose slurmd reports fewer of a GRES than its
+# record counts: "gres/gpu count reported lower than configured (3 < 4)".
+SLURM_GRES_REASON = "gres/"
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,10 @@ class PodView:
     ready: bool
     terminating: bool = False
     failed: bool = False  # phase Failed (or Succeeded): it will never run again
+    conf: str = ""  # the --conf its slurmd runs with (sunk.dev/slurmd-conf); "": unknown
+    gpus: str | None = None  # the GPUs its gres.conf line names (sunk.dev/slurmd-gpus)
+    registration: str = ""  # sunk.dev/slurmd-registration
+    reconfigured: str = ""  # sunk.dev/slurmd-reconfigured
 
 
 @dataclass(frozen=True)
@@ -62,6 +79,7 @@ class SlurmNodeView:
     reason: str = ""
     responding: bool = True
     base_state: str = "IDLE"  # IDLE, ALLOCATED, MIXED, DOWN, …
+    gres: str = ""  # as Slurm counts it: "gpu:4", "gpu:h100:8(S:0-1)"
 
     @property
     def drained_by_us(self) -> bool:
@@ -99,6 +117,35 @@ class DeleteSlurmNode:
 
 
 @dataclass(frozen=True)
+class GiveGpus:
+    """The pod's gres.conf line is to name `gpus` ("0,2,3"): its node is
+    drained and idle, about to register anew."""
+
+    pod: str
+    gpus: str
+
+
+@dataclass(frozen=True)
+class Reconfigure:
+    """The pod's node registered anew (for `registration`): slurmctld reads
+    its files again, so the node takes its place in the topology."""
+
+    pod: str
+    registration: str
+
+
+@dataclass(frozen=True)
+class Reregister:
+    """Delete the Slurm node's record (once a fresh read confirms it drained
+    and idle), then give the pod's slurmd `conf`: it starts again in the
+    running container and registers anew."""
+
+    pod: str
+    slurm_node: str
+    conf: str
+
+
+@dataclass(frozen=True)
 class Reserve:
     """Keep `slurm_nodes` in the set's maintenance reservation for [start, end)."""
 
@@ -112,7 +159,14 @@ class Unreserve:
     """The set needs no maintenance reservation (none may exist)."""
 
 
-Action = CreatePod | Drain | DeletePod | Resume | DeleteSlurmNode
+Action = (
+    CreatePod | Drain | DeletePod | Resume | DeleteSlurmNode | GiveGpus | Reregister | Reconfigure
+)
+
+# How long a changed gres.conf line may take to reach slurmctld: the kubelet
+# updates a mounted ConfigMap within its sync period (a minute), then the
+# slurm chart's reconfigure sidecar applies it within seconds.
+GRES_PROPAGATION_SECONDS = 90.0
 
 
 @dataclass
@@ -146,10 +200,16 @@ def plan(
     deleting: bool = False,
     feasible: int | None = None,
     now: float = 0.0,
+    gres: Mapping[str, str] | None = None,
+    node_gpus: Mapping[str, str] | None = None,
+    listed: Mapping[str, GresLine] | None = None,
 ) -> Plan:
     """`owned`: node → pod name it should have; `pods`: this set's pods by name;
     `slurm`: its Slurm nodes by name, None while Slurm's view is stale; `now`:
-    epoch seconds, for the maintenance window."""
+    epoch seconds, for the maintenance window; `gres`: pod name → the GRES its
+    node has now ("gpu:4", "" for none), as a new pod's `--conf` would say;
+    `node_gpus`: pod name → the GPUs its Node lists now ("0,2,3");
+    `listed`: Slurm node → its line in sunk's gres.conf (None: sunk writes none)."""
     result = Plan()
     desired = {} if deleting else dict(owned)
     stale = slurm is None
@@ -218,14 +278,81 @@ def plan(
             else Unreserve()
         )
 
-    # 4. Current, ready pods whose node we drained serve again.
+    # 4. A current pod whose node's GPUs changed registers anew, drained first.
+    regres: set[str] = set()
+    for pod in sorted(by_node.values(), key=lambda p: p.name):
+        current = pod.node in desired and pod.revision == revision and pod.ready
+        state = view.get(pod.name)
+        want = (gres or {}).get(pod.name)
+        if not current or stale or want is None or not pod.conf:
+            continue
+        if state is None:
+            # Not in Slurm: about to register, or its record deleted and its
+            # new --conf not given (that write failed): give it.
+            if with_gres(pod.conf, want) != pod.conf:
+                result.actions.append(Reregister(pod.name, pod.name, with_gres(pod.conf, want)))
+            continue
+        if same_gres(state.gres, want):
+            if pod.registration and pod.reconfigured != pod.registration:
+                result.actions.append(Reconfigure(pod.name, pod.registration))
+            line = (listed or {}).get(pod.name)
+            if (
+                state.drained
+                and state.reason.startswith(SLURM_GRES_REASON)
+                and line is not None
+                and line.gpus == gpu_count(want)
+            ):
+                # Slurm drained it for a registration that came before its
+                # line in sunk's gres.conf reached slurmctld (a new node); the
+                # line is written and counts right: a resume has slurmd
+                # register again (and Slurm drains it again if still short).
+                result.actions.append(Resume(pod.name, state.reason))
+            continue
+        regres.add(pod.name)
+        change = f"{state.gres or 'no GRES'} -> {want or 'no GRES'}"
+        if not state.drained:
+            result.actions.append(Drain(pod.name, f"{REASON_GRES} ({change})"))
+        elif state.busy:
+            result.waiting.append(
+                f"{pod.name}: its GPUs changed ({change}): waiting for its jobs to end"
+            )
+        elif state.drained_by_us or state.reason.startswith(SLURM_GRES_REASON):
+            found = (node_gpus or {}).get(pod.name)
+            line = (listed or {}).get(pod.name)
+            if listed is not None and found is not None and pod.gpus != found:
+                # Its gres.conf line names the GPUs now, first: slurmd must
+                # find it when it starts again.
+                result.actions.append(GiveGpus(pod.name, found))
+                result.waiting.append(f"{pod.name}: its gres.conf line changes to GPUs {found}")
+            elif (
+                listed is not None
+                and found is not None
+                and (
+                    line is None
+                    or line.gpus != gpu_count(want)
+                    or now - line.since < GRES_PROPAGATION_SECONDS
+                )
+            ):
+                result.waiting.append(
+                    f"{pod.name}: its GPUs changed ({change}): waiting for its gres.conf line"
+                    " to reach slurmctld"
+                )
+            else:
+                result.actions.append(Reregister(pod.name, pod.name, with_gres(pod.conf, want)))
+        else:
+            result.waiting.append(
+                f"{pod.name}: its GPUs changed ({change}): registers anew once resumed"
+                f" (drained: {state.reason})"
+            )
+
+    # 5. Current, ready pods whose node we drained serve again.
     for pod in by_node.values():
         state = view.get(pod.name)
         current = pod.node in desired and pod.revision == revision and pod.ready
-        if current and state is not None and state.drained_by_us:
+        if current and state is not None and state.drained_by_us and pod.name not in regres:
             result.actions.append(Resume(pod.name, state.reason))
 
-    # 5. Slurm records of this set with no pod and no place: forget them.
+    # 6. Slurm records of this set with no pod and no place: forget them.
     if not stale:
         pod_names = set(pods)
         wanted = set(desired.values())
@@ -235,6 +362,31 @@ def plan(
 
     result.status = _status(spec, revision, desired, pods, view, feasible)
     return result
+
+
+def same_gres(slurm: str, conf: str) -> bool:
+    """Slurm's GRES of a node ("gpu:h100:4(S:0-1),shard:8") counts what a
+    `--conf` Gres= value ("shard:8,gpu:h100:4") does: the same entries, less
+    Slurm's socket affinity, in any order."""
+
+    def entries(text: str) -> set[str]:
+        return {part.split("(", 1)[0] for part in text.split(",") if part}
+
+    return entries(slurm) == entries(conf)
+
+
+def gpu_count(gres: str) -> int | None:
+    """4 for "gpu:4" or "gpu:h100:4"; None for anything else."""
+    parts = gres.split(":")
+    if len(parts) in (2, 3) and parts[0] == "gpu" and parts[-1].isdigit():
+        return int(parts[-1])
+    return None
+
+
+def with_gres(conf: str, gres: str) -> str:
+    """`conf` with its Gres= replaced by `gres` ("" drops it)."""
+    kept = [part for part in conf.split(" ") if part and not part.startswith("Gres=")]
+    return " ".join([*kept, *([f"Gres={gres}"] if gres else [])])
 
 
 def _iso(epoch: int) -> str:

@@ -28,7 +28,9 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.utils.quantity import parse_quantity
 
 from sunk.api import (
+    ANNOTATION_NODE_GPUS,
     ANNOTATION_SLURMD_CONF,
+    ANNOTATION_SLURMD_GPUS,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     LABEL_NODE,
@@ -149,14 +151,23 @@ def slurmd_conf(
         memory = max(1, math.floor(free / (1024 * 1024)))
     if memory is not None:
         parts.append(f"RealMemory={memory}")
-    gres = resources.gres
-    if gres is None and (gpus := _allocatable(node, GPU_RESOURCE)):
-        product = labels.get(GPU_PRODUCT_LABEL)
-        kind = f"gpu:{gpu_type(product)}" if product else "gpu"
-        gres = [f"{kind}:{int(gpus)}"]
-    if gres:
-        parts.append(f"Gres={','.join(gres)}")
+    if gres := node_gres(spec, node):
+        parts.append(f"Gres={gres}")
     return " ".join(parts)
+
+
+def node_gres(spec: api.SlurmNodeSpec, node: Node) -> str:
+    """The Gres= value of the node's --conf ("gpu:h100:4"; "" for none): the
+    spec's, else the GPUs the node offers now (its allocatable, which leaves
+    out a GPU its plugin lists as unhealthy) typed by the GPU product label."""
+    if spec.resources.gres is not None:
+        return ",".join(spec.resources.gres)
+    gpus = _allocatable(node, GPU_RESOURCE)
+    if not gpus:
+        return ""
+    product = ((node.metadata.labels if node.metadata else None) or {}).get(GPU_PRODUCT_LABEL)
+    kind = f"gpu:{gpu_type(product)}" if product else "gpu"
+    return f"{kind}:{int(gpus)}"
 
 
 def gpu_type(product: str) -> str:
@@ -166,6 +177,19 @@ def gpu_type(product: str) -> str:
         if re.match(r"^[a-z]+[0-9]+[a-z]*$", word):
             return word
     return re.sub(r"[^a-z0-9]", "", words[0]) if words else "gpu"
+
+
+def slurmd_annotations(conf: str, node: Node) -> dict[str, str]:
+    """What a new slurmd pod says of its node: its --conf line and, where the
+    node's GPU plugin lists them and the line counts GPUs, the GPUs its
+    gres.conf line is to name."""
+    annotations = {ANNOTATION_SLURMD_CONF: conf}
+    listed = ((node.metadata.annotations if node.metadata else None) or {}).get(
+        ANNOTATION_NODE_GPUS
+    )
+    if listed is not None and " Gres=gpu" in f" {conf}":
+        annotations[ANNOTATION_SLURMD_GPUS] = listed
+    return annotations
 
 
 def template_hash(spec: api.NodeSetSpec) -> str:
@@ -245,7 +269,7 @@ def build_pod(owner: NodeSetRef, spec: api.NodeSetSpec, node: Node, revision: st
             name=name,
             namespace=owner.namespace,
             labels=labels,
-            annotations={**(meta.annotations or {}), ANNOTATION_SLURMD_CONF: conf},
+            annotations={**(meta.annotations or {}), **slurmd_annotations(conf, node)},
             ownerReferences=[
                 OwnerReference(
                     apiVersion=api.API_VERSION,

@@ -1,5 +1,5 @@
 """`sunk operator`: the NodeSet controller, leader-elected, talking to one Slurm cluster,
-and beside it (same Lease) the topology controller when a topology ConfigMap is named."""
+and beside it (same Lease) the topology and gres controllers when their ConfigMaps are named."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from prometheus_client import start_http_server
 
 from sunk.api.install import install_crds
 from sunk.component import Election, SlurmAccess, Wiring, run_elected
+from sunk.gres.controller import GresController, GresMetrics
 from sunk.kube.client import kube_client
 from sunk.kube.retry import until_answered
 from sunk.nodeset.controller import NodeSetController
@@ -33,11 +34,14 @@ class OperatorConfig:
     metrics_port: int | None = 9090  # None: no /metrics endpoint
     # The slurm chart's topology ConfigMap (namespace, name); None: no topology controller.
     topology_configmap: tuple[str, str] | None = None
+    # The slurm chart's gres ConfigMap (namespace, name); None: no gres controller.
+    gres_configmap: tuple[str, str] | None = None
 
 
 async def run_operator(config: OperatorConfig) -> None:
     metrics = NodeSetMetrics()
     topology_metrics = TopologyMetrics(metrics.registry)
+    gres_metrics = GresMetrics(metrics.registry)
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, registry=metrics.registry)
     kube = kube_client(config.kubeconfig, "sunk-operator")
@@ -51,6 +55,7 @@ async def run_operator(config: OperatorConfig) -> None:
         # One view of Slurm's nodes for both: the topology controller asks it
         # which nodes Slurm still has.
         async with SlurmView(wiring.slurm, watch_jobs=False) as view, asyncio.TaskGroup() as group:
+            gres: GresController | None = None
             if config.topology_configmap is not None:
                 namespace, name = config.topology_configmap
                 topology = TopologyController(
@@ -62,6 +67,16 @@ async def run_operator(config: OperatorConfig) -> None:
                     slurm_nodes=slurm_node_names(view),
                 )
                 group.create_task(topology.run())
+            if config.gres_configmap is not None:
+                namespace, name = config.gres_configmap
+                gres = GresController(
+                    wiring.kube,
+                    namespace=namespace,
+                    configmap=name,
+                    identity=wiring.identity,
+                    metrics=gres_metrics,
+                )
+                group.create_task(gres.run())
             controller = NodeSetController(
                 wiring.kube,
                 SlurmPortForNodeSets(wiring.slurm, view),
@@ -69,6 +84,7 @@ async def run_operator(config: OperatorConfig) -> None:
                 workers=config.workers,
                 identity=wiring.identity,
                 metrics=metrics,
+                gres_listed=gres.listed if gres is not None else lambda: None,
             )
             group.create_task(controller.run())
 

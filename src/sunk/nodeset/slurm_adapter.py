@@ -46,6 +46,7 @@ def node_view(node: Node) -> SlurmNodeView:
         reason=node.reason,
         responding=node.responding,
         base_state=node.base_state,
+        gres=node.gres,
     )
 
 
@@ -105,6 +106,9 @@ class SlurmPortForNodeSets(SlurmChannel):
         # polls answer "no change" and the view would keep the node (and a
         # deleted NodeSet its finalizer) until the view's next full read.
         await self._view.refresh_node(name)
+
+    async def reconfigure(self) -> None:
+        await self._client.reconfigure()
 
     async def reserve(self, name: str, nodes: Sequence[str], start: int, end: int) -> str | None:
         wanted = (tuple(nodes), start, end)

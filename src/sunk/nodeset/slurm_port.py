@@ -53,6 +53,11 @@ class NodeSetSlurm(Protocol):
 
     async def delete_node(self, name: str) -> None: ...
 
+    async def reconfigure(self) -> None:
+        """slurmctld reads its files again (a node that registered anew takes
+        its place in the topology)."""
+        ...
+
     async def reserve(self, name: str, nodes: Sequence[str], start: int, end: int) -> str | None:
         """Hold `nodes` in the maintenance reservation `name` from `start` to `end`
         (epoch seconds): no job that would run past `start` begins on them.
