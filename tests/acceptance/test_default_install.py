@@ -420,12 +420,18 @@ async def test_2_inference_pods_preempt_training_which_resumes_when_they_scale_t
     inference. A requeued job waits Slurm's requeue_delay (120 s, the
     credential lifetime) before it runs again."""
     shell, kube = journey.shell, journey.kube
+    # The user's own account comes from the chart's accounts loop, which may
+    # still be making it this soon after the install: sbatch says "Invalid
+    # account" until then (and submits nothing).
     train = (
-        await shell.ssh(
+        await shell.poll_ssh(
+            "the training job submitted",
             f"sbatch --parsable --requeue -A {USER} -N{COMPUTE_NODES} --exclusive -t 5"
-            " -o /dev/null --wrap 'sleep 20'"
+            " -o /dev/null --wrap 'sleep 20'",
+            r"^[0-9]+",
+            120,
         )
-    ).stdout.strip()
+    ).strip()
     await shell.poll_ssh(
         f"training job {train} running", f"squeue -h -j {train} -o %T", "RUNNING", 120
     )
