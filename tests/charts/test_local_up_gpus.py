@@ -636,6 +636,28 @@ def test_a_slurmd_pod_asked_to_register_anew_starts_slurmd_again_in_the_same_con
     assert running_slurm_pods(cluster) == before
 
 
+def three_gpu_pod(image: str) -> dict[str, Any]:
+    """A pod asking sunk's scheduler for three GPUs: on a node with three,
+    all of them, whatever their numbers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-pod-3", "namespace": "default"},
+        "spec": {
+            "schedulerName": "sunk-scheduler",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "command": ["sh", "-c", CONTAINER_PROBE + "echo probed; sleep 3600"],
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "3"}},
+                }
+            ],
+        },
+    }
+
+
 def test_a_gpu_that_goes_and_comes_back_changes_slurms_gres_with_no_pod_restarted(
     cluster: Path,
 ) -> None:
@@ -644,12 +666,14 @@ def test_a_gpu_that_goes_and_comes_back_changes_slurms_gres_with_no_pod_restarte
     GPUs it finds on its Node (`sunk.dev/gpus`) and the kubelet offers as
     many; the operator's gres.conf names those device files; the NodeSet
     controller drains each node, lets a running job end, and has its slurmd
-    register anew in the same pod: `sinfo` says gpu:3, and a one-GPU step is
-    denied two of 0, 2 and 3 (Slurm's devices now), never 1; then gpu:4
-    again. No pod of the Slurm
-    namespace is restarted or replaced. Last in the module: a node short of
-    a GPU its CDI spec names cannot start a GPU pod meanwhile."""
+    register anew in the same pod: `sinfo` says gpu:3, a one-GPU step is
+    denied two of 0, 2 and 3 (Slurm's devices now), never 1, and a pod
+    placed by sunk's scheduler with three GPUs holds 0, 2 and 3 (Slurm's
+    `IDX:0-2`: Slurm counts a node's GPUs in its gres.conf line's order);
+    then gpu:4 again. No pod of the Slurm namespace is restarted or
+    replaced."""
     before = running_slurm_pods(cluster)
+    pod = three_gpu_pod(summary(cluster)["images"]["sunk/slurm"])
     devices = cluster / "gpus"
     away = devices / ".nvidia1.away"
     job = ssh(cluster, "sbatch --parsable -w compute-local-1 --gres=gpu:1 --wrap 'sleep 30'")
@@ -683,7 +707,19 @@ def test_a_gpu_that_goes_and_comes_back_changes_slurms_gres_with_no_pod_restarte
         denied = {i for i, s in seen.items() if s == "denied"}
         assert len(denied) == 2, seen
         assert denied <= {0, 2, 3}, seen
+        # Slurm's IDX:0-2 on the node is its line's 0, 2 and 3, and so are
+        # the devices the pod holds.
+        created = kubectl(cluster, "create", "-f", "-", input=json.dumps(pod))
+        assert created.returncode == 0, created.stderr
+        got, logs = wait_probed(cluster, pod["metadata"]["name"])
+        assert job_gpus(cluster, got["metadata"]["annotations"]["sunk.dev/slurm-job-id"]) == {
+            0,
+            1,
+            2,
+        }
+        assert read_probe(logs.splitlines()).devices == gpu_nodes({0, 2, 3}), logs
     finally:
+        kubectl(cluster, "delete", "pod", "-n", "default", pod["metadata"]["name"])
         away.rename(devices / "nvidia1")
     wait_for("0,1,2,3", str(GPUS), f"0-{GPUS - 1}", f"gpu:{GPUS}")
     assert running_slurm_pods(cluster) == before

@@ -31,6 +31,7 @@ from sunk.gres.plan import (
     lines_since,
     listed_gpus,
     plan,
+    slurm_gpu_devices,
 )
 from sunk.slurm.hostlist import expand
 
@@ -169,3 +170,63 @@ def test_a_pods_own_gpu_list_names_its_files_not_its_nodes_list_now() -> None:
     assert plan([pod], {"a": gpu_node("a", "0,2,3")}).text.endswith(
         "NodeName=compute-a Name=gpu File=/dev/nvidia[0-3]\n"
     )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("indices", "listed", "devices"),
+    [
+        ((0, 1), "0,1,2,3", (0, 1)),
+        ((1,), "0,2,3", (2,)),  # IDX:1 of File=/dev/nvidia[0,2-3]
+        ((0, 1, 2), "0,2,3", (0, 2, 3)),
+        ((0, 2), "1,5,7", (1, 7)),
+        ((3, 0), "0,1,2,3", (3, 0)),
+        ((0, 1), None, (0, 1)),  # no list on the pod: Slurm's indices as they are
+        ((), "", ()),
+    ],
+)
+def test_slurms_gpu_indices_name_the_devices_of_the_nodes_line(
+    indices: tuple[int, ...], listed: str | None, devices: tuple[int, ...]
+) -> None:
+    assert slurm_gpu_devices(indices, listed) == devices
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("indices", "listed", "words"),
+    [
+        ((3,), "0,2,3", ["[3]", "beyond the 3 GPUs", ANNOTATION_SLURMD_GPUS]),
+        ((0,), "", ["beyond the 0 GPUs"]),
+        ((0,), "2,0", [ANNOTATION_SLURMD_GPUS, "'2,0'"]),
+        ((0,), "0, 1", [ANNOTATION_SLURMD_GPUS]),
+    ],
+)
+def test_an_index_beyond_the_line_or_a_list_that_does_not_parse_is_refused_naming_it(
+    indices: tuple[int, ...], listed: str, words: list[str]
+) -> None:
+    with pytest.raises(ValueError) as raised:
+        slurm_gpu_devices(indices, listed)
+    for word in words:
+        assert word in str(raised.value)
+
+
+@pytest.mark.unit
+@given(
+    st.sets(st.integers(0, 63), max_size=16).flatmap(
+        lambda present: st.tuples(
+            st.just(sorted(present)),
+            st.lists(st.integers(0, max(len(present) - 1, 0)), unique=True)
+            if present
+            else st.just([]),
+        )
+    )
+)
+def test_each_slurm_index_names_one_present_gpu_and_distinct_indices_distinct_gpus(
+    case: tuple[list[int], list[int]],
+) -> None:
+    present, indices = case
+    devices = slurm_gpu_devices(indices, ",".join(map(str, present)))
+    assert set(devices) <= set(present)
+    assert len(set(devices)) == len(indices)
+    # The count's order is the line's: a lower index names a lower device.
+    assert [devices[indices.index(i)] for i in sorted(indices)] == sorted(devices)

@@ -19,7 +19,7 @@ does not parse is reported and its node gets none.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lightkube.resources.core_v1 import Node, Pod
@@ -155,6 +155,33 @@ def lines_since(
     return {
         node: since.get(node, now) if old.get(node) == line else now for node, line in new.items()
     }
+
+
+def slurm_gpu_devices(slurm_indices: Sequence[int], listed: str | None) -> tuple[int, ...]:
+    """The GPUs (N of /dev/nvidiaN) that Slurm's GPU indices on a node name.
+
+    Slurm counts a node's GPUs in the order of its gres.conf line's device
+    files (`IDX:1` of `File=/dev/nvidia[0,2-3]` is /dev/nvidia2), and the line
+    names its slurmd pod's `sunk.dev/slurmd-gpus` (`listed`), ascending. A pod
+    without that annotation (a node whose plugin listed no GPUs when it
+    started): the indices as they are. ValueError, naming the annotation, for
+    a list that does not parse or an index beyond it."""
+    if listed is None:
+        return tuple(slurm_indices)
+    try:
+        devices = parse_gpus(listed)
+    except ValueError as error:
+        raise ValueError(
+            f"annotation {ANNOTATION_SLURMD_GPUS}: {listed[:64]!r} is not GPU indices"
+            ' ascending, comma-separated ("0,2,3")'
+        ) from error
+    beyond = [i for i in slurm_indices if not 0 <= i < len(devices)]
+    if beyond:
+        raise ValueError(
+            f"Slurm's GPU indices {beyond} are beyond the {len(devices)} GPUs of the"
+            f" node's gres.conf line (annotation {ANNOTATION_SLURMD_GPUS}: {listed!r})"
+        )
+    return tuple(devices[i] for i in slurm_indices)
 
 
 def plan(pods: Iterable[Pod], nodes: Mapping[str, Node]) -> Plan:

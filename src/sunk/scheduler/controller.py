@@ -52,8 +52,9 @@ from lightkube import ApiError, AsyncClient, operators
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from sunk.api import LABEL_NODESET
+from sunk.api import ANNOTATION_SLURMD_GPUS, LABEL_NODESET
 from sunk.api.nodeset import owning_nodeset
+from sunk.gres.plan import slurm_gpu_devices
 from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Event, Informer
 from sunk.kube.raw import bind_pod, delete_pod
@@ -548,7 +549,7 @@ class Scheduler:
             if exc.status.code != 404:
                 raise
 
-    def _kube_node(self, slurm_node: str) -> str | None:
+    def _slurmd_pod(self, slurm_node: str) -> Pod | None:
         for pod in self._slurmd.items():
             if (
                 pod.metadata
@@ -557,8 +558,28 @@ class Scheduler:
                 # A label alone (anyone's to write) makes no pod a slurmd's.
                 and owning_nodeset(pod) is not None
             ):
-                return pod.spec.nodeName if pod.spec else None
+                return pod
         return None
+
+    def _kube_node(self, slurm_node: str) -> str | None:
+        pod = self._slurmd_pod(slurm_node)
+        return pod.spec.nodeName if pod and pod.spec else None
+
+    def _gpu_devices(self, job: Job) -> dict[str, tuple[int, ...]]:
+        """The GPUs the job holds on each Slurm node, as device indices
+        (Slurm's own count the node's gres.conf line). ValueError if a
+        node's line cannot say."""
+        devices: dict[str, tuple[int, ...]] = {}
+        for slurm_node, indices in job.gpu_indices().items():
+            pod = self._slurmd_pod(slurm_node)
+            annotations = (pod.metadata.annotations if pod and pod.metadata else None) or {}
+            try:
+                devices[slurm_node] = slurm_gpu_devices(
+                    indices, annotations.get(ANNOTATION_SLURMD_GPUS)
+                )
+            except ValueError as error:
+                raise ValueError(f"node {slurm_node}: {error}") from error
+        return devices
 
     async def _bind(
         self, key: str, pods: Sequence[Pod], job_id: int | None, job: Job
@@ -577,7 +598,11 @@ class Scheduler:
             return None
         taken = {p.spec.nodeName for p in self._members(key) if p.spec and p.spec.nodeName}
         free = [(s, t) for s, t in zip(slurm_nodes, targets, strict=True) if t not in taken]
-        gpus = job.gpu_indices()
+        try:
+            gpus = self._gpu_devices(job)
+        except ValueError as error:
+            await self._pending(pods, f"Slurm job {job_id} runs on {job.nodes}; {error}")
+            return GPU_BIND_RETRY
         chosen = list(zip(pods, free, strict=False))
         results = await asyncio.gather(
             *(
