@@ -1,37 +1,28 @@
-"""The gres controller: Slurm's gres.conf, kept in a ConfigMap from each node's GPUs.
-
-One key (the ConfigMap). Every change of a Node, a NodeSet pod or the
-ConfigMap itself queues it after a short settle time, so nodes that join
-at once are one write (and one Slurm reconfigure). Level-triggered: it reads
-the caches, plans (`plan.plan`) and replaces the ConfigMap only when its
-gres.conf differs, guarded by the resourceVersion it read. The slurm chart
-makes the ConfigMap (when its `gresConfig` is empty) and its reconfigure
-sidecar applies the file.
+"""The gres controller: Slurm's gres.conf, kept in a ConfigMap from each
+node's GPUs (the skeleton, settle time and writes: `sunk.kube.node_configmap`).
+It plans (`plan.plan`) and replaces the ConfigMap only when its gres.conf
+differs. The slurm chart makes the ConfigMap (when its `gresConfig` is empty)
+and its reconfigure sidecar applies the file.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-import logging
 import time
 
-from lightkube import AsyncClient, operators
+from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from sunk.api import DOMAIN, LABEL_NODESET
+from sunk.api import DOMAIN
 from sunk.gres.plan import GRES_FILE, GresLine, lines_since, listed_gpus, node_lines, plan
-from sunk.kube.events import EventRecorder
 from sunk.kube.informer import Informer
-from sunk.kube.workqueue import Result, WorkQueue, run_workers
+from sunk.kube.node_configmap import SETTLE_SECONDS, NodeFedConfigMap, json_annotation
+from sunk.kube.workqueue import Result
 from sunk.metrics import ReconcileMetrics
 
-log = logging.getLogger(__name__)
-
 CONTROLLER = "sunk.dev/gres"
-SETTLE_SECONDS = 1.0
 # Slurm node -> when its line last changed (epoch seconds), as JSON: the
 # NodeSet controller lets a line reach slurmctld before slurmd starts again.
 ANNOTATION_SINCE = f"{DOMAIN}/gres-lines-since"
@@ -52,49 +43,38 @@ class GresMetrics(ReconcileMetrics):
         )
 
 
-class GresController:
+class GresController(NodeFedConfigMap):
+    controller = CONTROLLER
+    label = "gres"
+
     def __init__(
         self,
         kube: AsyncClient,
         *,
         namespace: str,
         configmap: str,
+        nodes: Informer[Node],
+        pods: Informer[Pod],
         identity: str | None = None,
         metrics: GresMetrics | None = None,
         settle: float = SETTLE_SECONDS,
     ) -> None:
-        self._kube = kube
-        self._key = f"{namespace}/{configmap}"
-        self._settle = settle
         self.metrics = metrics or GresMetrics()
-        self._nodes: Informer[Node] = Informer(kube, Node)
-        self._pods: Informer[Pod] = Informer(
-            kube, Pod, namespace=namespace, labels={LABEL_NODESET: operators.exists()}
+        super().__init__(
+            kube,
+            namespace=namespace,
+            configmap=configmap,
+            nodes=nodes,
+            pods=pods,
+            metrics=self.metrics,
+            identity=identity,
+            settle=settle,
         )
-        # By name: its RBAC grants this one ConfigMap (a watch by name carries
-        # a metadata.name field selector).
-        self._configmaps: Informer[ConfigMap] = Informer(
-            kube, ConfigMap, namespace=namespace, fields={"metadata.name": configmap}
-        )
-        self._events = EventRecorder(kube, CONTROLLER, instance=identity)
-        self.queue: WorkQueue[str] = WorkQueue()
-        for informer in (self._nodes, self._pods, self._configmaps):
-            informer.subscribe(lambda _: self.queue.add_after(self._key, self._settle))
-        self._reported: tuple[str, ...] = ()  # the problems an Event last told of
-
-    async def run(self) -> None:
-        informers = (self._nodes, self._pods, self._configmaps)
-        async with asyncio.TaskGroup() as group:
-            for informer in informers:
-                group.create_task(informer.run())
-            await asyncio.gather(*(i.synced.wait() for i in informers))
-            self.queue.add(self._key)
-            group.create_task(run_workers(self.queue, self.reconcile, 1))
 
     def listed(self) -> dict[str, GresLine] | None:
         """Slurm node -> its gres.conf line (GPUs named, since when), as last
         written; None before the ConfigMap is known."""
-        configmap = self._configmaps.get(self._key)
+        configmap = self.configmap()
         if configmap is None:
             return None
         annotations = (configmap.metadata and configmap.metadata.annotations) or {}
@@ -102,22 +82,9 @@ class GresController:
             (configmap.data or {}).get(GRES_FILE, ""), _since(annotations.get(ANNOTATION_SINCE))
         )
 
-    async def reconcile(self, key: str) -> Result | None:
-        with self.metrics.reconciling():
-            return await self._reconcile(key)
-
-    async def _reconcile(self, key: str) -> Result | None:
-        configmap = self._configmaps.get(key)
-        if configmap is None:
-            log.debug("no ConfigMap %s (the slurm chart makes it): nothing to write", key)
-            return None
-        nodes = {
-            node.metadata.name: node
-            for node in self._nodes.items()
-            if node.metadata and node.metadata.name
-        }
-        wanted = plan(self._pods.items(), nodes)
-        self._report(configmap, wanted.problems)
+    async def write(self, configmap: ConfigMap) -> Result | None:
+        wanted = plan(self.pods(), self.nodes())
+        self.report(configmap, wanted.problems, "GresInvalid")
         self.metrics.nodes.set(wanted.nodes)
         data = dict(configmap.data or {})
         if data.get(GRES_FILE) == wanted.text:
@@ -134,34 +101,14 @@ class GresController:
         assert written.metadata is not None  # an object from the apiserver has metadata
         record = json.dumps(dict(sorted(since.items())), separators=(",", ":"))
         written.metadata.annotations = annotations | {ANNOTATION_SINCE: record}
-        # With the resourceVersion read: 409 if it changed meanwhile, and retried.
-        await self._kube.replace(written)
+        await self.replace(written)
         self.metrics.writes.inc()
-        note = f"{GRES_FILE}: {wanted.nodes} GPU node(s)"
-        log.info("gres %s written: %s", key, note)
-        self._events.emit_soon(configmap, "GresWritten", note, action="Write")
+        self.written(configmap, f"{GRES_FILE}: {wanted.nodes} GPU node(s)", "GresWritten")
         return None
-
-    def _report(self, configmap: ConfigMap, problems: tuple[str, ...]) -> None:
-        if problems == self._reported:
-            return
-        self._reported = problems
-        for problem in problems:
-            log.warning("gres %s: %s", self._key, problem)
-            self._events.emit_soon(
-                configmap, "GresInvalid", problem, action="Write", type_="Warning"
-            )
 
 
 def _since(annotation: str | None) -> dict[str, float]:
-    """The annotation's map; anything else (absent, edited by hand) counts as
-    empty: every line then counts as old."""
-    try:
-        value = json.loads(annotation or "{}")
-    except json.JSONDecodeError:
-        return {}
-    if not isinstance(value, dict):
-        return {}
-    return {
-        k: float(v) for k, v in value.items() if isinstance(k, str) and isinstance(v, int | float)
-    }
+    """The annotation's map; anything else counts as empty: every line then
+    counts as old."""
+    value = json_annotation(annotation)
+    return {k: float(v) for k, v in value.items() if isinstance(v, int | float)}

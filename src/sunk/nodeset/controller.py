@@ -158,6 +158,17 @@ class NodeSetController:
         self._nodes.subscribe(self._on_node)
         self._pods.subscribe(self._on_pod)
 
+    @property
+    def node_cache(self) -> Informer[Node]:
+        """The Nodes, as this controller watches them (run by it; others may
+        read and subscribe)."""
+        return self._nodes
+
+    @property
+    def pod_cache(self) -> Informer[Pod]:
+        """The NodeSet pods, as this controller watches them (as `node_cache`)."""
+        return self._pods
+
     # -- events → keys
 
     def _enqueue_all(self) -> None:

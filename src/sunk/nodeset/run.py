@@ -56,6 +56,17 @@ async def run_operator(config: OperatorConfig) -> None:
         # which nodes Slurm still has.
         async with SlurmView(wiring.slurm, watch_jobs=False) as view, asyncio.TaskGroup() as group:
             gres: GresController | None = None
+            controller = NodeSetController(
+                wiring.kube,
+                SlurmPortForNodeSets(wiring.slurm, view),
+                namespace=config.namespace,
+                workers=config.workers,
+                identity=wiring.identity,
+                metrics=metrics,
+                gres_listed=lambda: gres.listed() if gres is not None else None,
+            )
+            # The NodeSet controller's Node and pod caches serve all three.
+            nodes, pods = controller.node_cache, controller.pod_cache
             if config.topology_configmap is not None:
                 namespace, name = config.topology_configmap
                 topology = TopologyController(
@@ -65,6 +76,8 @@ async def run_operator(config: OperatorConfig) -> None:
                     identity=wiring.identity,
                     metrics=topology_metrics,
                     slurm_nodes=slurm_node_names(view),
+                    nodes=nodes,
+                    pods=pods,
                 )
                 group.create_task(topology.run())
             if config.gres_configmap is not None:
@@ -75,17 +88,10 @@ async def run_operator(config: OperatorConfig) -> None:
                     configmap=name,
                     identity=wiring.identity,
                     metrics=gres_metrics,
+                    nodes=nodes,
+                    pods=pods,
                 )
                 group.create_task(gres.run())
-            controller = NodeSetController(
-                wiring.kube,
-                SlurmPortForNodeSets(wiring.slurm, view),
-                namespace=config.namespace,
-                workers=config.workers,
-                identity=wiring.identity,
-                metrics=metrics,
-                gres_listed=gres.listed if gres is not None else lambda: None,
-            )
             group.create_task(controller.run())
 
     await run_elected("sunk-operator", kube, config.slurm, config.election, lead)
