@@ -1,0 +1,142 @@
+"""Faults a real pool meets, on the README's cluster (`sunk local up`: real
+kubelets, the charts' pods from images/, Debian's Slurm 26.05), with the
+charts' defaults; docs/reliability.md says what sunk promises for each.
+
+The bed's nodes are host-side (each node's kubelet and containerd on this
+machine, sharing its kernel and network): the faults here are those of
+Slurm's and sunk's own processes and of Kubernetes objects, not of machines.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugins.local_cluster import kubectl, poll_ssh, ssh, summary, sunk, tenant_pod
+from sunk.scheduler.request import ANNOTATION_JOB_ID
+from sunk_testbed.charts import COMPUTE_POOL, NODE_POOL_LABEL
+
+pytestmark = pytest.mark.e2e
+
+NODES = ["local-1", "local-2", "local-3"]
+SLURMCTLD = "slurm-slurmctld-0"
+
+
+@pytest.fixture
+def cluster(local_cluster: Path) -> Path:
+    return local_cluster
+
+
+def get_pod(cluster: Path, namespace: str, name: str) -> dict[str, Any]:
+    proc = kubectl(cluster, "get", "pod", "-n", namespace, name, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    pod: dict[str, Any] = json.loads(proc.stdout)
+    return pod
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def restarts(pod: dict[str, Any]) -> int:
+    return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
+
+
+def squeue(cluster: Path, job: str) -> str:
+    """The job's state, nodes and start time (a requeued job starts anew),
+    or "" while Slurm does not answer."""
+    proc = sunk(cluster, "ssh", f"squeue -h -j {job} -o '%T %N %S'", timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def test_slurmctld_restarted_right_after_a_node_leaves_its_nodeset_ends_no_job_or_pod(
+    cluster: Path,
+) -> None:
+    """A node taken out of the NodeSet (its pool label removed: the set's
+    selector no longer matches it) is drained, its slurmd pod deleted and
+    then its Slurm record; slurmctld is restarted the moment the record is
+    gone (its pod deleted; the StatefulSet makes it again, its state on its
+    volume). A batch job and a pod placed by sunk's scheduler on the other
+    nodes run on: the same jobs on the same nodes, the pod neither restarted
+    nor replaced, and no job started anew. (Slinky's slurm-bridge deleted
+    every pod it had placed when slurmctld restarted after a node's
+    deletion.) The node then rejoins idle when labelled again."""
+    info = summary(cluster)
+    batch = ssh(cluster, "sbatch --parsable -w compute-local-1 -t 10 --wrap 'sleep 600'").strip()
+    pod_name = "fault-pod"
+    body = tenant_pod(info, pod_name).to_dict()
+    created = kubectl(cluster, "create", "-f", "-", input=json.dumps(body))
+    assert created.returncode == 0, created.stderr
+    leaving: str | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while (pod := get_pod(cluster, "default", pod_name))["status"].get("phase") != "Running":
+            assert time.monotonic() < deadline, pod["status"]
+            time.sleep(1)
+        pod_job = pod["metadata"]["annotations"][ANNOTATION_JOB_ID]
+        pod_node = pod["spec"]["nodeName"]
+        poll_ssh(cluster, f"squeue -h -j {batch} -o %T", lambda out: "RUNNING" in out, 60, 0.5)
+        before = {job: squeue(cluster, job) for job in (batch, pod_job)}
+        assert [s.split()[:2] for s in before.values()] == [
+            ["RUNNING", "compute-local-1"],
+            ["RUNNING", f"compute-{pod_node}"],
+        ], before
+        leaving = next(n for n in reversed(NODES) if n not in ("local-1", pod_node))
+        ctld = get_pod(cluster, "slurm", SLURMCTLD)
+
+        label = kubectl(cluster, "label", "node", leaving, f"{NODE_POOL_LABEL}-")
+        assert label.returncode == 0, label.stderr
+        poll_ssh(
+            cluster,
+            f"scontrol show node compute-{leaving} 2>&1 || true",
+            lambda out: "not found" in out,
+            180,
+            0.5,
+        )
+        deleted = kubectl(cluster, "delete", "pod", "-n", "slurm", SLURMCTLD, "--wait=false")
+        assert deleted.returncode == 0, deleted.stderr
+        started = time.monotonic()
+        deadline = started + 240
+        while True:
+            proc = kubectl(cluster, "get", "pod", "-n", "slurm", SLURMCTLD, "-o", "json")
+            new = json.loads(proc.stdout) if proc.returncode == 0 else None
+            replaced = new and new["metadata"]["uid"] != ctld["metadata"]["uid"] and ready(new)
+            if replaced and sunk(cluster, "ssh", "squeue -h", timeout=60).returncode == 0:
+                break
+            assert time.monotonic() < deadline, "slurmctld did not serve again"
+            time.sleep(1)
+        print(f"slurmctld served again {time.monotonic() - started:.1f} s after its pod's deletion")
+        # Until every slurmd has registered with the new slurmctld, and a
+        # while after (a node it no longer knew would have its jobs killed).
+        poll_ssh(
+            cluster,
+            "sinfo -h -N -o '%N %T'",
+            lambda out: (
+                len(out.split()) == 4 and set(out.split()[1::2]) <= {"idle", "mixed", "allocated"}
+            ),
+            120,
+            1,
+        )
+        time.sleep(15)
+        assert {job: squeue(cluster, job) for job in before} == before
+        after = get_pod(cluster, "default", pod_name)
+        assert after["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert after["status"]["phase"] == "Running"
+        assert restarts(after) == 0, after["status"]
+    finally:
+        kubectl(cluster, "delete", "pod", "-n", "default", pod_name, "--wait=false")
+        ssh(cluster, f"scancel {batch}")
+        if leaving is not None:
+            kubectl(cluster, "label", "node", leaving, f"{NODE_POOL_LABEL}={COMPUTE_POOL}")
+    poll_ssh(
+        cluster,
+        "sinfo -h -N -o '%N %T'",
+        lambda out: sorted(out.splitlines()) == [f"compute-{n} idle" for n in NODES],
+        240,
+        2,
+    )
