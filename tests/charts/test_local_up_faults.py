@@ -9,6 +9,9 @@ Slurm's and sunk's own processes and of Kubernetes objects, not of machines.
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
+import itertools
 import json
 import time
 from pathlib import Path
@@ -138,5 +141,64 @@ def test_slurmctld_restarted_right_after_a_node_leaves_its_nodeset_ends_no_job_o
         "sinfo -h -N -o '%N %T'",
         lambda out: sorted(out.splitlines()) == [f"compute-{n} idle" for n in NODES],
         240,
+        2,
+    )
+
+
+# sbatch, one after another for `seconds`: each line the time sbatch
+# returned (epoch seconds) and the job id it printed, or "refused" and its error.
+SBATCH_STREAM = r"""
+end=$((SECONDS + {seconds}))
+while [ $SECONDS -lt $end ]; do
+  if id=$(sbatch --parsable -t 1 --wrap true 2>"$HOME/.sbatch-err"); then
+    echo "$(date +%s.%N) ok ${{id%%;*}}"
+  else
+    echo "$(date +%s.%N) refused $(head -c 120 "$HOME/.sbatch-err" | tr '\n' ' ')"
+  fi
+  sleep 0.2
+done
+"""
+
+
+def test_every_sbatch_that_printed_a_job_id_is_in_sacct_after_slurmctld_is_replaced(
+    cluster: Path,
+) -> None:
+    """A researcher's stream of `sbatch` from the login pod while slurmctld's
+    pod is deleted (as a `helm upgrade`, an eviction or a node drain does:
+    SIGTERM, slurmctld saves its state and stops; the StatefulSet makes the
+    pod again). Every `sbatch` that printed a job id has its job in `sacct`,
+    each id once; those sent while no slurmctld answered were refused
+    (sbatch said so) and made no job. The longest time between two job ids
+    is printed."""
+    ctld = get_pod(cluster, "slurm", SLURMCTLD)
+    stream = base64.b64encode(SBATCH_STREAM.format(seconds=60).encode()).decode()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        submitted = pool.submit(ssh, cluster, f"echo {stream} | base64 -d | bash", 180)
+        time.sleep(15)
+        deleted_at = time.time()
+        deleted = kubectl(cluster, "delete", "pod", "-n", "slurm", SLURMCTLD, "--wait=false")
+        assert deleted.returncode == 0, deleted.stderr
+        lines = [line.split(maxsplit=2) for line in submitted.result().splitlines()]
+    assert get_pod(cluster, "slurm", SLURMCTLD)["metadata"]["uid"] != ctld["metadata"]["uid"]
+    printed = [(float(at), rest) for at, word, rest in lines if word == "ok"]
+    ids = [job for _, job in printed]
+    assert len(set(ids)) == len(ids), f"a job id printed twice: {ids}"
+    assert [at for at, _ in printed if at < deleted_at], lines
+    assert [at for at, _ in printed if at > deleted_at], lines
+    refused = [rest for _, word, rest in lines if word == "refused"]
+    assert all("Unable to contact slurm controller" in why for why in refused), refused
+    times = [at for at, _ in printed]
+    print(
+        f"{len(ids)} job ids printed, {len(refused)} sbatch refused; the longest time"
+        f" without a job id: {max(b - a for a, b in itertools.pairwise(times)):.1f} s"
+    )
+    poll_ssh(
+        cluster,
+        f"sacct -n -X -j {','.join(ids)} -o JobID,State",
+        lambda out: (
+            sorted(line.split()[0] for line in out.splitlines()) == sorted(ids)
+            and {line.split()[1] for line in out.splitlines()} == {"COMPLETED"}
+        ),
+        180,
         2,
     )

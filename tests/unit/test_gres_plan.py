@@ -6,6 +6,7 @@ one is tests/charts/test_local_up_gpus.py."""
 from __future__ import annotations
 
 import datetime
+import re
 
 import pytest
 from hypothesis import given
@@ -204,7 +205,7 @@ def test_slurms_gpu_indices_name_the_devices_of_the_nodes_line(
 def test_an_index_beyond_the_line_or_a_list_that_does_not_parse_is_refused_naming_it(
     indices: tuple[int, ...], listed: str, words: list[str]
 ) -> None:
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match=re.escape(words[0])) as raised:
         slurm_gpu_devices(indices, listed)
     for word in words:
         assert word in str(raised.value)
