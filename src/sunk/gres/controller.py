@@ -11,14 +11,12 @@ import copy
 import json
 import time
 
-from lightkube import AsyncClient
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sunk.api import DOMAIN
 from sunk.gres.plan import GRES_FILE, GresLine, lines_since, listed_gpus, node_lines, plan
-from sunk.kube.informer import Informer
-from sunk.kube.node_configmap import SETTLE_SECONDS, NodeFedConfigMap, json_annotation
+from sunk.kube.node_configmap import NodeFedConfigMap, json_annotation
 from sunk.kube.workqueue import Result
 from sunk.metrics import ReconcileMetrics
 
@@ -43,33 +41,9 @@ class GresMetrics(ReconcileMetrics):
         )
 
 
-class GresController(NodeFedConfigMap):
+class GresController(NodeFedConfigMap[GresMetrics]):
     controller = CONTROLLER
     label = "gres"
-
-    def __init__(
-        self,
-        kube: AsyncClient,
-        *,
-        namespace: str,
-        configmap: str,
-        nodes: Informer[Node],
-        pods: Informer[Pod],
-        identity: str | None = None,
-        metrics: GresMetrics | None = None,
-        settle: float = SETTLE_SECONDS,
-    ) -> None:
-        self.metrics = metrics or GresMetrics()
-        super().__init__(
-            kube,
-            namespace=namespace,
-            configmap=configmap,
-            nodes=nodes,
-            pods=pods,
-            metrics=self.metrics,
-            identity=identity,
-            settle=settle,
-        )
 
     def listed(self) -> dict[str, GresLine] | None:
         """Slurm node -> its gres.conf line (GPUs named, since when), as last

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 from abc import ABC, abstractmethod
+from typing import Generic, TypeVar
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
@@ -30,8 +31,10 @@ log = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 1.0
 
+M = TypeVar("M", bound=ReconcileMetrics)
 
-class NodeFedConfigMap(ABC):
+
+class NodeFedConfigMap(ABC, Generic[M]):
     """Subclasses name their Events' `controller` and write the ConfigMap in
     `write`; `nodes()`, `pods()` and `report()` serve them."""
 
@@ -46,7 +49,7 @@ class NodeFedConfigMap(ABC):
         configmap: str,
         nodes: Informer[Node],
         pods: Informer[Pod],
-        metrics: ReconcileMetrics,
+        metrics: M,
         identity: str | None = None,
         settle: float = SETTLE_SECONDS,
     ) -> None:
@@ -54,7 +57,7 @@ class NodeFedConfigMap(ABC):
         self._namespace = namespace
         self.key = f"{namespace}/{configmap}"
         self._settle = settle
-        self._metrics = metrics
+        self.metrics = metrics
         self._nodes = nodes
         self._pods = pods
         # By name: the chart's RBAC grants this one ConfigMap, and a watch is
@@ -98,7 +101,7 @@ class NodeFedConfigMap(ABC):
         ]
 
     async def reconcile(self, key: str) -> Result | None:
-        with self._metrics.reconciling():
+        with self.metrics.reconciling():
             configmap = self._configmaps.get(key)
             if configmap is None:
                 log.debug("no ConfigMap %s (the slurm chart makes it): nothing to write", key)

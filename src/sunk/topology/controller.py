@@ -44,7 +44,7 @@ def slurm_node_names(view: SlurmView) -> SlurmNodeNames:
     return lambda: frozenset(view.nodes()) if view.fresh else None
 
 
-class TopologyController(NodeFedConfigMap):
+class TopologyController(NodeFedConfigMap[TopologyMetrics]):
     controller = CONTROLLER
     label = "topology"
 
@@ -56,19 +56,18 @@ class TopologyController(NodeFedConfigMap):
         configmap: str,
         nodes: Informer[Node],
         pods: Informer[Pod],
+        metrics: TopologyMetrics,
         identity: str | None = None,
-        metrics: TopologyMetrics | None = None,
         settle: float = SETTLE_SECONDS,
         slurm_nodes: SlurmNodeNames = lambda: None,
     ) -> None:
-        self.metrics = metrics or TopologyMetrics()
         super().__init__(
             kube,
             namespace=namespace,
             configmap=configmap,
             nodes=nodes,
             pods=pods,
-            metrics=self.metrics,
+            metrics=metrics,
             identity=identity,
             settle=settle,
         )
