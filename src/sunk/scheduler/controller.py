@@ -567,8 +567,8 @@ class Scheduler:
 
     def _gpu_devices(self, job: Job) -> dict[str, tuple[int, ...]]:
         """The GPUs the job holds on each Slurm node, as device indices
-        (Slurm's own count the node's gres.conf line). ValueError if a
-        node's line cannot say."""
+        (Slurm's own indices count the GPUs of the node's gres.conf line).
+        ValueError if a node's line cannot say."""
         devices: dict[str, tuple[int, ...]] = {}
         for slurm_node, indices in job.gpu_indices().items():
             pod = self._slurmd_pod(slurm_node)
